@@ -1,0 +1,1 @@
+"""towerlib: one tower function, many devices, one optimizer step per global batch."""
