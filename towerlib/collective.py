@@ -312,24 +312,29 @@ class CrossTowerReducer:
     Per-call shapes and dtypes are already checked as the calls are made;
     this adds the check only possible at the end: the number of calls.
     """
-    for what, calls in (('forward', self._forward_calls),
-                        ('backward', self._backward_calls)):
-      counts = [len(c) for c in calls]
-      if len(set(counts)) <= 1:
-        continue
-      most = max(counts)
-      short = [t for t, n in enumerate(counts) if n < most]
-      long_tower = counts.index(most)
-      first_missing = calls[long_tower][min(counts)]
-      raise CollectiveMismatchError(
-          f'Towers made different numbers of {what} cross-tower reductions: '
-          + ', '.join(f'tower {t}: {n}' for t, n in enumerate(counts)) +
-          f'. Tower {short[0]} never made reduction #{min(counts)} '
-          f'({first_missing.describe()}, made by tower {long_tower}), so that '
-          'collective would wait for it until it times out. Every tower must '
-          'call the synchronized layers (e.g. batch_norm with '
-          "bn_mode='sync') the same number of times in the same order; do not "
-          'make them depend on ctx.index or ctx.is_first.')
+    self._check_counts('forward')
+    self._check_counts('backward')
+
+  def _check_counts(self, direction):
+    calls = (self._forward_calls if direction == 'forward' else
+             self._backward_calls)
+    counts = [len(c) for c in calls]
+    if len(set(counts)) <= 1:
+      return
+    fewest, most = min(counts), max(counts)
+    short_tower = counts.index(fewest)
+    long_tower = counts.index(most)
+    first_missing = calls[long_tower][fewest]
+    raise CollectiveMismatchError(
+        f'Towers made different numbers of {direction} cross-tower '
+        'reductions: ' + ', '.join(
+            f'tower {t}: {n}' for t, n in enumerate(counts)) +
+        f'. Tower {short_tower} never made reduction #{fewest} '
+        f'({first_missing.describe()}, made by tower {long_tower}), so that '
+        'collective would wait for it until it times out. Every tower must '
+        'call the synchronized layers (e.g. batch_norm with '
+        "bn_mode='sync') the same number of times in the same order; do not "
+        'make them depend on ctx.index or ctx.is_first.')
 
   # -------------------------------------------------------------- internals
 
