@@ -35,12 +35,95 @@ def _moments(x, axes):
 
 
 def _sync_moments(x, axes, ctx, layer_name):
-    """Mean and variance of the whole global batch across the towers.
+    """(count, mean, variance) of the whole global batch, on every tower.
 
-    Filled in with bn_mode='sync' (issue 3).
+    Each tower summarizes its shard, ONE all-gather across the towers (through
+    ctx.cross_tower, a towerlib.collective.CrossTowerReducer) hands every
+    tower all the summaries, and each tower combines them identically with
+    Chan's parallel formula around a common pivot P:
+
+        n    = sum_i n_i
+        e_i  = shard mean_i - P,            E = sum_i (n_i / n) e_i
+        mean = P + E
+        M2   = sum_i M2_i + sum_i n_i (e_i - E)^2,      variance = M2 / n
+
+    where M2_i is shard i's sum of squared deviations from its own mean.
+
+    Numerics. Every term of M2 is a sum of squares, so the variance is never
+    negative, and no square of a raw value is formed, so nothing cancels. At a
+    mean of 1e4, float32 spaces values 1e-3 apart, which is not fine enough
+    for the shard means' deviations from each other when the spread is small
+    (their squares would be off by ~1e-3 relative). So a shard's mean travels
+    as hi_i + lo_i: hi_i is its float32 mean, lo_i = mean(x - hi_i) the small
+    remainder, exact to float32 relative precision. With P the count-weighted
+    mean of the hi_i (the same on every tower), hi_i - P is exact, and
+    e_i = (hi_i - P) + lo_i keeps full relative precision; the variance comes
+    out accurate to ~1e-6 relative however large the mean.
+
+    Exactness. The true counts n_i make unequal shards exact. The gradient
+    flows through lo_i (which carries d mean_i / dx = 1/n_i) and M2_i; hi_i
+    and P are constants to it, which changes nothing: mean and M2 do not
+    depend on them mathematically. The gather's gradient is an all-reduce
+    (see collective.py), so the backward pass is the one-device gradient.
+
+    Cost: one collective per layer and direction, carrying num_towers x
+    (3C + 1) floats: one round trip less than all-reducing first the sums,
+    then the squared deviations from the resulting mean.
+
+    Args:
+      x: the layer input, any float dtype (statistics in float32 for half types).
+      axes: the reduced axes (all but the channel axis).
+      ctx: the TowerContext; ctx.cross_tower is the build's reducer.
+      layer_name: the layer's variable-scope name, for errors and op names.
+
+    Returns:
+      count: float32 scalar, examples x positions in the global batch.
+      mean, variance: [C], the global batch's mean and biased variance.
     """
-    raise NotImplementedError(
-        "bn_mode='sync' is not available yet; use 'first_tower' or 'all_towers'.")
+    reducer = ctx.cross_tower
+    if reducer is None:
+        raise ValueError(
+            f"batch_norm '{layer_name}' runs with bn_mode='sync' in training on "
+            f"{ctx.num_towers} towers, but the tower context has no cross-tower "
+            "reducer (ctx.cross_tower). Build training graphs with "
+            "towerlib.build_train_graph, which creates one; for a forward-only "
+            "build_towers(..., is_training=True) pass cross_tower="
+            "towerlib.collective.CrossTowerReducer(devices) and call its "
+            "check_consistent() after building.")
+    if reducer.num_towers != ctx.num_towers:
+        raise ValueError(
+            f"batch_norm '{layer_name}': the cross-tower reducer spans "
+            f"{reducer.num_towers} devices but the build has {ctx.num_towers} "
+            "towers; create the reducer from the build's device list.")
+
+    x32 = tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
+    with tf.name_scope("sync_moments"):
+        count = tf.cast(_count(x, axes), x32.dtype)
+
+        def shard_mean_of(values):
+            # divide_no_nan: an empty shard (possible with an input function)
+            # contributes zeros, not NaNs, and weighs nothing below.
+            return tf.math.divide_no_nan(
+                tf.reduce_sum(values, axes, keepdims=True), count)
+
+        hi = tf.stop_gradient(shard_mean_of(x32))
+        deviation = x32 - hi
+        lo = shard_mean_of(deviation)
+        m2 = tf.reduce_sum(
+            tf.square(deviation - tf.stop_gradient(lo)), axes)
+        counts, his, los, m2s = reducer.gather(
+            [tf.reshape(count, [1]), tf.reshape(hi, [-1]), tf.reshape(lo, [-1]),
+             m2], ctx.index, name=layer_name)  # [T, 1], [T, C] x 3
+        total = tf.reduce_sum(counts)
+        weights = tf.math.divide_no_nan(counts, total)
+        pivot = tf.stop_gradient(tf.reduce_sum(weights * his, axis=0))
+        offsets = (his - pivot) + los  # e_i
+        mean_offset = tf.reduce_sum(weights * offsets, axis=0)  # E
+        m2_total = (tf.reduce_sum(m2s, axis=0) + tf.reduce_sum(
+            counts * tf.square(offsets - mean_offset), axis=0))
+        mean = pivot + mean_offset
+        variance = tf.math.divide_no_nan(m2_total, total)
+    return tf.cast(total, tf.float32), mean, variance
 
 
 def _count(x, axes):
