@@ -116,10 +116,10 @@ def _host_cpu(device):
     return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
-def resolve_devices(num_towers=None, devices=None):
+def resolve_devices(num_towers=None, devices=None, device_type=None):
     """The tower device list from a count, an explicit list, or the machine."""
     if devices is None:
-        return devices_lib.tower_devices(num_towers)
+        return devices_lib.tower_devices(num_towers, device_type)
     devices = list(devices)
     if not devices:
         raise ValueError("devices is empty: give at least one device string.")
@@ -135,7 +135,7 @@ def resolve_devices(num_towers=None, devices=None):
 
 
 def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
-                 is_training=True, bn_mode="first_tower", param_device="cpu",
+                 device_type=None, is_training=True, bn_mode="first_tower", param_device="cpu",
                  reuse_variables=False, records=None, cross_tower=None,
                  require_loss=True):
     """Builds `tower_fn` once per device and returns what each tower made.
@@ -146,6 +146,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
         the towers (uneven when not divisible); or a callable input_fn(ctx)
         returning tower ctx.index's own batch, built on the tower's host CPU.
       num_towers / devices: how many towers, or their exact device strings.
+      device_type: 'gpu', 'cpu' or None (GPUs when the machine has them).
       is_training: layers' mode (batch statistics and dropout, or not).
       bn_mode: see towerlib.batch_norm.
       param_device: 'cpu', 'gpu' or a device function for the variables.
@@ -160,14 +161,15 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
     """
     check_bn_mode(bn_mode)
     tower_fn = as_tower_fn(tower_fn)
-    devices = resolve_devices(num_towers, devices)
+    devices = resolve_devices(num_towers, devices, device_type)
     num_towers = len(devices)
     placer = devices_lib.variable_placer(param_device, devices)
     records = records if records is not None else TowerRecords(num_towers)
 
     per_tower_input_fn = inputs if callable(inputs) else None
     if per_tower_input_fn is None:
-        shards, sizes = inputs_lib.split_global_batch(inputs, num_towers)
+        shards, sizes = inputs_lib.split_global_batch(
+            inputs, num_towers, host_device=_host_cpu(devices[0]))
 
     towers = []
     outer_scope = tf.compat.v1.get_variable_scope()

@@ -120,7 +120,7 @@ def _chosen_update_ops(towers, records, bn_mode):
 
 
 def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
-                      devices=None, bn_mode="first_tower", param_device="cpu",
+                      devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
                       sync_timeout_seconds=collective.DEFAULT_TIMEOUT_SECONDS):
@@ -136,6 +136,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
       optimizer: a tf.compat.v1.train.Optimizer; it steps once per global batch.
       num_towers: number of towers (default: one per GPU, else 1).
       devices: explicit tower device strings instead of num_towers.
+      device_type: 'gpu', 'cpu' or None (GPUs when the machine has them).
       bn_mode: 'first_tower', 'all_towers' or 'sync' (see towerlib.normalization).
       param_device: 'cpu' (variables on the host CPU), 'gpu' (spread over the
         tower GPUs by byte size) or a device function.
@@ -156,7 +157,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     check_bn_mode(bn_mode)
     _check_optimizer(optimizer)
     _check_ema_decay(ema_decay)
-    devices = towers_lib.resolve_devices(num_towers, devices)
+    devices = towers_lib.resolve_devices(num_towers, devices, device_type)
     global_step = _global_step_for(global_step, param_device, devices)
 
     records = TowerRecords(len(devices))
