@@ -84,10 +84,12 @@ def test_gradients_through_sum_and_gather_are_exact(num_towers):
     np.testing.assert_allclose(got[i], want, rtol=1e-12)
 
 
-def test_ops_are_placed_on_tower_devices_chained_and_keyed_per_call_order():
+@pytest.mark.parametrize('ordered', [False, True])
+def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
   graph = tf.Graph()
   with graph.as_default():
-    reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30)
+    reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30,
+                                ordered=ordered)
     for i in range(2):
       x = tf.ones([3])
       y = reducer.sum(x, i, name='first')
@@ -103,8 +105,8 @@ def test_ops_are_placed_on_tower_devices_chained_and_keyed_per_call_order():
     assert first.get_attr('communication_hint') == b'auto'
     assert first.get_attr('timeout_seconds') == 30.0
     assert first.get_attr('group_key') == reducer.group_key
-    # Same launch order on every device: the second waits for the first.
-    assert first in second.control_inputs
+    # Ordered: the same launch order on every device (what NCCL needs).
+    assert (first in second.control_inputs) == ordered
   keys = [[op.get_attr('instance_key') for op in by_tower[d]]
           for d in sorted(by_tower)]
   assert keys[0] == keys[1]  # k-th call pairs with the k-th call
@@ -135,6 +137,7 @@ def test_gpu_devices_use_nccl():
       reducer.sum(tf.ones([2]), i)
   op = next(o for o in graph.get_operations() if o.type == 'CollectiveReduce')
   assert reducer.communication_hint == 'nccl'
+  assert reducer.ordered
   assert op.get_attr('communication_hint') == b'nccl'
   assert op.device == '/device:GPU:0'
 

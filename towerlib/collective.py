@@ -33,10 +33,12 @@ mistake from becoming a silent hang:
     ``session.run`` that fetches only some towers' tensors ends in
     ``DeadlineExceededError``, which ``explain_collective_errors()`` turns
     into a ``CollectiveTimeoutError`` saying what happened and what to do;
-  * within each tower, each collective gets a control dependency on the
-    tower's previous collective (in creation order), so every device launches
-    them in the same order. NCCL requires that; on CPU it costs nothing
-    measurable because batch-norm statistics are already a chain.
+  * with NCCL, each collective of a tower gets a control dependency on the
+    tower's previous collective (in creation order), so every GPU launches
+    them in the same order: NCCL kernels launched in different orders on
+    different GPUs deadlock. Creation order is a topological order, so these
+    edges never make a cycle. The CPU ring pairs ops by instance key and
+    needs no order, so there the ops stay free to run as soon as they can.
 """
 
 import contextlib
@@ -183,6 +185,8 @@ class CrossTowerReducer:
       without a timeout waits forever for a tower that never comes.
     communication_hint: 'nccl', 'ring' or 'auto'. None picks 'nccl' when every
       device is a GPU and 'auto' (ring) otherwise.
+    ordered: chain each tower's collectives in creation order with control
+      dependencies. None means: only for 'nccl', which needs it.
 
   With one device no collective is built: ``sum`` is the identity and
   ``gather`` adds a leading axis of size 1.
@@ -192,7 +196,8 @@ class CrossTowerReducer:
                devices: Sequence[str],
                group_key: Optional[int] = None,
                timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-               communication_hint: Optional[str] = None):
+               communication_hint: Optional[str] = None,
+               ordered: Optional[bool] = None):
     devices = list(devices)
     if not devices:
       raise ValueError('CrossTowerReducer needs at least one device; got none.')
@@ -225,6 +230,8 @@ class CrossTowerReducer:
     self._group_key = group_key
     self._timeout_seconds = float(timeout_seconds)
     self._communication_hint = communication_hint
+    self._ordered = (communication_hint == 'nccl') if ordered is None else bool(
+        ordered)
 
     self._lock = threading.Lock()
     # Per tower, the forward calls and the backward calls, in creation order.
@@ -236,7 +243,8 @@ class CrossTowerReducer:
     # Instance keys: forward call k -> key; backward call k -> key.
     self._forward_keys: List[int] = []
     self._backward_keys: List[int] = []
-    # Per tower, the last collective op built, to chain the next one after it.
+    # Per tower, the last collective op built, to chain the next one after it
+    # (when self._ordered).
     self._last_collective = [None for _ in devices]
 
   @property
@@ -259,6 +267,11 @@ class CrossTowerReducer:
   @property
   def communication_hint(self) -> str:
     return self._communication_hint
+
+  @property
+  def ordered(self) -> bool:
+    """Whether each tower's collectives are chained in creation order."""
+    return self._ordered
 
   def num_calls(self, tower_index: int) -> int:
     """Forward reductions tower `tower_index` has built so far."""
@@ -433,12 +446,17 @@ class CrossTowerReducer:
           r.set_shape(lead + t.shape.as_list())
     return result[0] if single else result
 
+  def _order_after(self, tower_index):
+    """Control inputs that keep this tower's collectives in creation order."""
+    previous = self._last_collective[tower_index]
+    if not self._ordered or previous is None:
+      return []
+    return [previous]
+
   def _collective_sum(self, tensor, tower_index, instance_key):
-    """One all-reduce op on this tower's device, chained after the last."""
+    """One all-reduce op on this tower's device."""
     with tf.device(self._devices[tower_index]):
-      previous = self._last_collective[tower_index]
-      deps = [previous] if previous is not None and (
-          previous.graph is tf.compat.v1.get_default_graph()) else []
+      deps = self._order_after(tower_index)
       with tf.control_dependencies(deps):
         out = collective_ops.all_reduce(
             tensor, len(self._devices), self._group_key, instance_key,
@@ -449,11 +467,9 @@ class CrossTowerReducer:
     return out
 
   def _collective_gather(self, tensor, tower_index, instance_key):
-    """One all-gather op (along axis 0) on this tower's device, chained."""
+    """One all-gather op (along axis 0) on this tower's device."""
     with tf.device(self._devices[tower_index]):
-      previous = self._last_collective[tower_index]
-      deps = [previous] if previous is not None and (
-          previous.graph is tf.compat.v1.get_default_graph()) else []
+      deps = self._order_after(tower_index)
       with tf.control_dependencies(deps):
         out = collective_ops.all_gather(
             tensor, len(self._devices), self._group_key, instance_key,
