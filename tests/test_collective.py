@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towerlib.collective import CollectiveMismatchError, CrossTowerReducer
+from towerlib.collective import (
+    CollectiveFetchCheckHook,
+    CollectiveMismatchError,
+    CrossTowerReducer,
+    PartialFetchError,
+    check_fetches,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -222,7 +228,7 @@ def test_call_count_mismatch_is_caught_by_check_consistent():
 
 def test_bad_arguments_fail_early_with_the_fix():
     with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="positive number of seconds"):
+        with pytest.raises(ValueError, match="None .no per-op timeout. or a positive"):
             CrossTowerReducer(cpu_devices(2), timeout_seconds=0)
         with pytest.raises(ValueError, match="distinct"):
             CrossTowerReducer(["/device:CPU:0", "/cpu:0"])
@@ -236,21 +242,68 @@ def test_bad_arguments_fail_early_with_the_fix():
             reducer.sum(tf.ones([2]), 0)
 
 
-# A partial fetch runs in a child process with a hard wall-clock bound, so a
-# regression that hangs fails this test instead of hanging the suite (and a
-# Session whose collectives were aborted stays out of this process). One
-# child runs both cases, each in its own Session, to pay for one TF import.
+def test_default_collectives_have_no_per_op_timeout():
+    """TF starts a sleeping thread per op and step for a per-op timeout."""
+    with tf.Graph().as_default() as graph:
+        reducer = CrossTowerReducer(cpu_devices(2))
+        for i in range(2):
+            reducer.sum(tf.ones([2]), i)
+    ops = [op for op in graph.get_operations() if op.type in COLLECTIVE_TYPES]
+    assert reducer.timeout_seconds is None
+    assert ops and all(op.get_attr("timeout_seconds") == 0.0 for op in ops)
+
+
+def test_check_fetches_finds_a_partial_fetch_before_running():
+    with tf.Graph().as_default() as graph:
+        reducer = CrossTowerReducer(cpu_devices(3))
+        inputs = [tf.constant([float(i)]) for i in range(3)]
+        outs = [reducer.sum(x, i, name="bn1") * 2.0 for i, x in enumerate(inputs)]
+        with pytest.raises(PartialFetchError, match=r"run 1 of the 3 ops.*bn1_cross_tower_sum"):
+            check_fetches(outs[0])
+        with pytest.raises(PartialFetchError, match="fetch the train op"):
+            check_fetches({"a": outs[0], "b": outs[1].op.name})
+        check_fetches(outs)  # every tower: fine
+        check_fetches(tf.group(outs))  # through control inputs too
+        # Feeding the collective's result cuts it out of the run.
+        summed = outs[0].op.inputs[0]
+        check_fetches(outs[0], feed_dict={summed: [1.0]})
+        hook = CollectiveFetchCheckHook()
+        with session(graph, 3) as sess:
+            monitored = tf.compat.v1.train.MonitoredSession(
+                session_creator=_ExistingSession(sess), hooks=[hook]
+            )
+            np.testing.assert_allclose(monitored.run(outs)[0], [6.0])
+            with pytest.raises(PartialFetchError):
+                monitored.run(outs[0])  # raised before anything runs
+
+
+class _ExistingSession(tf.compat.v1.train.SessionCreator):
+    def __init__(self, sess):
+        self.sess = sess
+
+    def create_session(self):
+        return self.sess
+
+
+# Runs that hang are bounded in a child process with a hard wall-clock bound,
+# so a regression fails this test instead of hanging the suite (and a Session
+# whose collectives were aborted stays out of this process). One child runs
+# every case, each in its own Session, to pay for one TF import.
 _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
     import time
     import tensorflow as tf
     from towerlib.collective import (CrossTowerReducer, CollectiveTimeoutError,
+                                     bounded_session_config,
                                      explain_collective_errors)
-    for mode in ('collective_timeout', 'run_options'):
+    for mode in ('op_timeout', 'run_options', 'session_deadline'):
       with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(['/device:CPU:0', '/device:CPU:1'],
-                                    timeout_seconds=2.0)
+        reducer = CrossTowerReducer(
+            ['/device:CPU:0', '/device:CPU:1'],
+            timeout_seconds=2.0 if mode == 'op_timeout' else None)
         outs = [reducer.sum(tf.ones([3]), i, name='bn1') for i in range(2)]
         config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+        if mode == 'session_deadline':
+          config = bounded_session_config(config, timeout_seconds=1.5)
         with tf.compat.v1.Session(config=config) as sess:
           options = (tf.compat.v1.RunOptions(timeout_in_ms=1500)
                      if mode == 'run_options' else None)
@@ -268,7 +321,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_partial_fetch_ends_in_a_clear_error_not_a_hang():
+def test_partial_fetch_run_ends_in_a_clear_error_not_a_hang():
     env = dict(
         os.environ,
         TF_CPP_MIN_LOG_LEVEL="3",
@@ -285,9 +338,9 @@ def test_partial_fetch_ends_in_a_clear_error_not_a_hang():
     )
     reports = {}
     for line in result.stdout.splitlines():
-        mode, key, value = (line.split(" ", 2) + ["", ""])[:3]
+        mode, key, value = ([*line.split(" ", 2), "", ""])[:3]
         reports.setdefault(mode, {})[key] = value
-    for mode in ("collective_timeout", "run_options"):
+    for mode in ("op_timeout", "run_options", "session_deadline"):
         report = reports.get(mode, {})
         assert "MESSAGE" in report, result.stdout + result.stderr[-3000:]
         assert float(report["ELAPSED"]) < 15.0
@@ -295,7 +348,8 @@ def test_partial_fetch_ends_in_a_clear_error_not_a_hang():
         assert "same session.run" in message  # says what went wrong
         assert "fetch the train op" in message  # and the fix
         assert "create a new Session" in message  # and the consequence
-    message = reports["collective_timeout"]["MESSAGE"]
+    message = reports["op_timeout"]["MESSAGE"]
     assert "bn1_cross_tower_sum" in message  # names the op that waited
     assert "Collective has timed out" in message
-    assert "RunOptions.timeout_in_ms" in reports["run_options"]["MESSAGE"]
+    for mode in ("run_options", "session_deadline"):
+        assert "operation_timeout_in_ms" in reports[mode]["MESSAGE"]

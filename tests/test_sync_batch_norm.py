@@ -19,7 +19,12 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import layers
-from towerlib.collective import CollectiveMismatchError, CrossTowerReducer
+from towerlib.collective import (
+    CollectiveMismatchError,
+    CrossTowerReducer,
+    PartialFetchError,
+    check_fetches,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUM_CLASSES = 3
@@ -359,20 +364,37 @@ def test_sync_training_without_a_reducer_is_a_clear_error():
             )
 
 
+def test_fetching_one_towers_loss_is_caught_before_running():
+    with tf.Graph().as_default():
+        data = batches(8, steps=1)[0]
+        train = towerlib.build_train_graph(
+            conv_dense_model,
+            tuple(tf.constant(t) for t in data),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            devices=cpu_devices(2),
+            bn_mode="sync",
+        )
+        with pytest.raises(PartialFetchError, match=r"run 1 of the 2 ops.*tower_0/bn_conv1"):
+            check_fetches(train.tower_losses[0])
+        check_fetches([train.train_op, train.loss])  # every tower: fine
+
+
 _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
     import time
-    import numpy as np
     import tensorflow as tf
     import towerlib
-    from towerlib.collective import CollectiveTimeoutError, explain_collective_errors
+    from towerlib.collective import (CollectiveTimeoutError,
+                                     bounded_session_config,
+                                     explain_collective_errors)
     from tests.test_sync_batch_norm import batches, conv_dense_model, cpu_devices
     with tf.Graph().as_default():
       data = batches(8, steps=1)[0]
       train = towerlib.build_train_graph(
           conv_dense_model, tuple(tf.constant(t) for t in data),
           tf.compat.v1.train.GradientDescentOptimizer(0.1),
-          devices=cpu_devices(2), bn_mode='sync', sync_timeout_seconds=2.0)
-      with tf.compat.v1.Session(config=towerlib.session_config(2)) as sess:
+          devices=cpu_devices(2), bn_mode='sync')
+      config = bounded_session_config(towerlib.session_config(2), timeout_seconds=2.0)
+      with tf.compat.v1.Session(config=config) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         start = time.time()
         try:
@@ -385,7 +407,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_fetching_one_towers_loss_ends_in_a_clear_error_within_a_bound():
+def test_running_one_towers_loss_ends_in_a_clear_error_within_a_bound():
     env = dict(
         os.environ,
         TF_CPP_MIN_LOG_LEVEL="3",
@@ -403,5 +425,5 @@ def test_fetching_one_towers_loss_ends_in_a_clear_error_within_a_bound():
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     assert "MESSAGE" in lines, result.stdout + result.stderr[-3000:]
     assert float(lines["ELAPSED"]) < 20.0
-    assert "bn_conv1_cross_tower_gather" in lines["MESSAGE"]
+    assert "cross-tower collectives" in lines["MESSAGE"]
     assert "fetch the train op" in lines["MESSAGE"]

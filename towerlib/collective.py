@@ -4,35 +4,50 @@ Every tower of a build calls the same reductions in the same order. The k-th
 call in tower 0 is paired with the k-th call in every other tower by sharing a
 collective *instance key*; all towers of one reducer share a *group key*.
 
-    reducer = CrossTowerReducer(['/device:GPU:0', '/device:GPU:1'])
+    reducer = CrossTowerReducer(["/device:GPU:0", "/device:GPU:1"])
     for i, device in enumerate(reducer.devices):
-      with tf.device(device):
-        total = reducer.sum(local_stats, tower_index=i, name='bn1')
-    reducer.check_consistent()   # once every tower (and its gradients) is built
+        with tf.device(device):
+            total = reducer.sum(local_stats, tower_index=i, name="bn1")
+    reducer.check_consistent()  # once every tower (and its gradients) is built
 
-Why collective ops rather than an add_n on one device: they run on the tower
-devices themselves (NCCL between GPUs), so the statistics never cross to a
-parameter device and no device becomes a hub.
+Why collective ops rather than an add_n of every tower's tensor: towers are
+built one after the other, so when tower 0 needs the sum, the tensors of the
+later towers do not exist yet. Collective ops pair up at run time by key, so
+each tower can be built alone. They also run on the tower devices themselves
+(NCCL between GPUs): no statistics cross to a parameter device.
 
-The collectives are exact in both directions. They have no registered
-gradient, so each one is wrapped in a ``tf.custom_gradient`` whose backward is
-itself a collective with its own instance key:
+The reductions are exact in both directions. Collective ops have no
+registered gradient, so each call is wrapped in a ``tf.custom_gradient``
+whose backward is itself a collective with its own instance key:
 
   * ``sum``: y = sum_t x_t on every tower, so dL/dx_i = sum_t dL_t/dy_t: the
-    backward is an all-reduce of the incoming gradients.
+    backward is a sum of the incoming gradients.
   * ``gather``: y = [x_0; ...; x_{T-1}] on every tower, so dL/dx_i is row i of
-    sum_t dL_t/dy_t: an all-reduce followed by taking this tower's row.
+    sum_t dL_t/dy_t: a sum followed by taking this tower's row.
 
-A collective waits for every member of its group. Three things keep a
-mistake from becoming a silent hang:
+A layer that writes its own backward calls ``sum(..., in_gradient=True)``
+from its gradient function; such calls pair by the order tf.gradients builds
+them. Off NCCL a small sum is an all-gather plus a local add (a ring
+all-gather takes half the sequential steps of a ring all-reduce).
+
+A collective waits for every member of its group. These keep a mistake
+from becoming a silent hang:
 
   * at build time, every call is compared with the same call of the other
     towers (shapes, dtypes, kind), and ``check_consistent()`` compares the
     number of calls, naming the tower and the call that differ;
-  * at run time, every collective op has a bounded ``timeout_seconds``; a
-    ``session.run`` that fetches only some towers' tensors ends in
-    ``DeadlineExceededError``, which ``explain_collective_errors()`` turns
-    into a ``CollectiveTimeoutError`` saying what happened and what to do;
+  * before a run, ``check_fetches(fetches)`` (or ``CollectiveFetchCheckHook``
+    in a MonitoredSession) finds the collectives a ``session.run`` would
+    execute and raises if some tower's half of one is missing, which is what
+    fetching only tower 0's loss does;
+  * at run time, a deadline bounds whatever is left: the Session's
+    ``operation_timeout_in_ms`` (see ``bounded_session_config``) or
+    RunOptions(timeout_in_ms); ``explain_collective_errors()`` turns the
+    resulting error into a ``CollectiveTimeoutError`` that says what happened
+    and what to do. Collective ops also take their own ``timeout_seconds``,
+    but in TF 2.21 each such op starts a thread per step that sleeps for the
+    whole timeout (measured: 336 collectives a step at a 300 s timeout pile
+    up thousands of threads within a minute), so it is off by default;
   * with NCCL, each collective of a tower gets a control dependency on the
     tower's previous collective (in creation order), so every GPU launches
     them in the same order: NCCL kernels launched in different orders on
@@ -53,16 +68,21 @@ from tensorflow.python.ops import collective_ops
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
+    "CollectiveFetchCheckHook",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "CrossTowerReducer",
+    "PartialFetchError",
+    "bounded_session_config",
+    "check_fetches",
     "explain_collective_errors",
 ]
 
-# A collective that waits longer than this for the other towers fails instead
-# of hanging. Generous on purpose: a tower may legitimately lag behind the
-# others by a whole step on the first run (graph start-up, autotuning, input
-# pipeline warm-up), and a false alarm aborts the Session's collectives.
+# A session.run that takes longer than this fails instead of hanging, when
+# the Session is configured by bounded_session_config. Generous on purpose: a
+# tower may lag behind the others by a whole step on the first run (graph
+# start-up, autotuning, input warm-up), and an expired deadline while the
+# collectives are still forming their group aborts the Session's collectives.
 DEFAULT_TIMEOUT_SECONDS = 300.0
 
 # Off NCCL, a sum whose gathered copies (num_towers x size) stay under this
@@ -191,9 +211,12 @@ class CrossTowerReducer:
         '/device:CPU:3'; tower i's collectives are placed on devices[i].
       group_key: collective group key shared by these towers. None (the
         default) allocates a key unique within the current graph.
-      timeout_seconds: how long any collective waits for the other towers
-        before failing with DeadlineExceededError. Must be > 0: a collective
-        without a timeout waits forever for a tower that never comes.
+      timeout_seconds: None (default) or how long each collective op waits
+        for the other towers before failing with DeadlineExceededError. Off
+        by default because TF 2.21 implements it with one thread per op and
+        step that sleeps for the whole timeout; prefer check_fetches and a
+        Session deadline (bounded_session_config). Worth it for debugging a
+        short run, where it names the collective that waited.
       communication_hint: 'nccl', 'ring' or 'auto'. None picks 'nccl' when every
         device is a GPU and 'auto' (ring) otherwise.
       ordered: chain each tower's collectives in creation order with control
@@ -207,7 +230,7 @@ class CrossTowerReducer:
         self,
         devices: Sequence[str],
         group_key: Optional[int] = None,
-        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        timeout_seconds: Optional[float] = None,
         communication_hint: Optional[str] = None,
         ordered: Optional[bool] = None,
     ):
@@ -220,11 +243,10 @@ class CrossTowerReducer:
                 f"CrossTowerReducer devices must be distinct (one per tower), got "
                 f"{devices}: a collective needs each member on its own device."
             )
-        if timeout_seconds is None or not timeout_seconds > 0:
+        if timeout_seconds is not None and not timeout_seconds > 0:
             raise ValueError(
-                f"timeout_seconds must be a positive number of seconds, got "
-                f"{timeout_seconds!r}: without a timeout a collective whose peers "
-                "never run waits forever."
+                f"timeout_seconds must be None (no per-op timeout) or a positive "
+                f"number of seconds, got {timeout_seconds!r}."
             )
         if communication_hint is None:
             types = {tf.DeviceSpec.from_string(d).device_type for d in devices}
@@ -243,7 +265,7 @@ class CrossTowerReducer:
                 self._keys.claim_group_key(int(group_key))
         self._devices = devices
         self._group_key = group_key
-        self._timeout_seconds = float(timeout_seconds)
+        self._timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
         self._communication_hint = communication_hint
         self._ordered = (communication_hint == "nccl") if ordered is None else bool(ordered)
 
@@ -275,7 +297,8 @@ class CrossTowerReducer:
         return self._group_key
 
     @property
-    def timeout_seconds(self) -> float:
+    def timeout_seconds(self) -> Optional[float]:
+        """The per-op collective timeout, or None when there is none."""
         return self._timeout_seconds
 
     @property
@@ -510,7 +533,7 @@ class CrossTowerReducer:
                     merge_op="Add",
                     final_op="Id",
                     communication_hint=self._communication_hint,
-                    timeout=self._timeout_seconds,
+                    timeout=self._timeout_seconds or 0,
                 )
         self._last_collective[tower_index] = out.op
         return out
@@ -526,7 +549,7 @@ class CrossTowerReducer:
                     self._group_key,
                     instance_key,
                     communication_hint=self._communication_hint,
-                    timeout=self._timeout_seconds,
+                    timeout=self._timeout_seconds or 0,
                 )
         self._last_collective[tower_index] = out.op
         out.set_shape([len(self._devices)] + tensor.shape.as_list()[1:])
@@ -604,9 +627,139 @@ def _scope_name(name: str) -> str:
     return name.replace("/", "_").replace(":", "_")
 
 
+_COLLECTIVE_OP_TYPES = frozenset(
+    ["CollectiveReduce", "CollectiveGather", "CollectiveReduceV2", "CollectiveGatherV2"]
+)
+
+
+class PartialFetchError(ValueError):
+    """A session.run would run only some towers' halves of a collective."""
+
+
+def _graph_elements(fetches, graph):
+    elements = []
+    for fetch in tf.nest.flatten(fetches, expand_composites=True):
+        if fetch is None:
+            continue
+        try:
+            elements.append(graph.as_graph_element(fetch, allow_tensor=True, allow_operation=True))
+        except (TypeError, ValueError):
+            continue  # not a graph element of this graph: session.run will say so
+    return elements
+
+
+def check_fetches(fetches, feed_dict=None, graph=None) -> None:
+    """Raises PartialFetchError if running `fetches` would hang on a collective.
+
+    Walks the part of the graph that ``session.run(fetches, feed_dict)`` would
+    execute (data and control inputs, stopping at fed tensors) and groups the
+    collective ops it meets by (group key, instance key). A collective of a
+    group of T towers completes only when all T of its ops run; if the run
+    holds fewer, it would wait forever (or until a deadline). The typical
+    cause is fetching one tower's tensors alone, e.g. ``train.tower_losses[0]``.
+
+    Cost: one walk over the fetched subgraph (milliseconds for a ResNet on 8
+    towers); ``CollectiveFetchCheckHook`` caches the answer per fetch set.
+
+    Args:
+      fetches: what would be passed to session.run (a nest of tensors,
+        operations, variables or their names).
+      feed_dict: its feeds; fed tensors cut the walk.
+      graph: the graph (default: the default graph).
+    """
+    graph = graph if graph is not None else tf.compat.v1.get_default_graph()
+    fed = {id(t) for t in _graph_elements(list(feed_dict or {}), graph)}
+    stack = []
+    for element in _graph_elements(fetches, graph):
+        if id(element) in fed:
+            continue
+        stack.append(element.op if isinstance(element, tf.Tensor) else element)
+    seen, members = set(), {}
+    while stack:
+        op = stack.pop()
+        if id(op) in seen:
+            continue
+        seen.add(id(op))
+        if op.type in _COLLECTIVE_OP_TYPES and "group_key" in op.node_def.attr:
+            key = (op.get_attr("group_key"), op.get_attr("instance_key"))
+            members.setdefault(key, []).append(op)
+        for tensor in op.inputs:
+            if id(tensor) not in fed:
+                stack.append(tensor.op)
+        stack.extend(op.control_inputs)
+    for (group_key, instance_key), ops in sorted(members.items()):
+        group_size = ops[0].get_attr("group_size")
+        if len(ops) < group_size:
+            names = sorted(op.name for op in ops)
+            raise PartialFetchError(
+                f"This session.run would run {len(ops)} of the {group_size} ops of "
+                f"a cross-tower collective (group {group_key}, instance "
+                f"{instance_key}): {names}. A collective completes only when every "
+                "tower's op runs in the same session.run, so this run would wait "
+                "for the missing towers forever. The fetches need only some "
+                "towers (e.g. tower 0's loss or outputs alone): fetch the train "
+                "op, or tensors of every tower (TrainGraph.loss needs them all); "
+                "for per-tower inspection build an evaluation graph "
+                "(build_towers with is_training=False), which has no collectives."
+            )
+
+
+class CollectiveFetchCheckHook(tf.compat.v1.train.SessionRunHook):
+    """Runs `check_fetches` before each run of a MonitoredSession.
+
+    The check runs once per distinct (fetches, feeds) signature, so a
+    training loop pays for it on its first step only. Fetches that other
+    hooks add are not checked.
+    """
+
+    def __init__(self):
+        self._checked = set()
+
+    def before_run(self, run_context):
+        args = run_context.original_args
+        graph = run_context.session.graph
+        signature = (
+            tuple(_signature(e) for e in _graph_elements(args.fetches, graph)),
+            tuple(
+                sorted(_signature(e) for e in _graph_elements(list(args.feed_dict or {}), graph))
+            ),
+        )
+        if signature not in self._checked:
+            check_fetches(args.fetches, args.feed_dict, graph)
+            self._checked.add(signature)
+
+
+def _signature(element):
+    return element.name
+
+
+def bounded_session_config(config=None, timeout_seconds=DEFAULT_TIMEOUT_SECONDS):
+    """A copy of `config` whose session.run calls fail after `timeout_seconds`.
+
+    Sets ConfigProto.operation_timeout_in_ms, the Session's default deadline
+    for every run (RunOptions.timeout_in_ms overrides it per run). Unlike the
+    collectives' own timeout, it costs no thread. It bounds whole steps, not
+    just collectives, so keep it well above the slowest legitimate step
+    (the first one included).
+
+    Args:
+      config: a tf.compat.v1.ConfigProto, e.g. towerlib.session_config(n);
+        None starts from an empty one.
+      timeout_seconds: the deadline of one session.run.
+    """
+    if not timeout_seconds > 0:
+        raise ValueError(f"timeout_seconds must be positive, got {timeout_seconds!r}.")
+    bounded = tf.compat.v1.ConfigProto()
+    if config is not None:
+        bounded.CopyFrom(config)
+    bounded.operation_timeout_in_ms = int(timeout_seconds * 1000)
+    return bounded
+
+
 _TIMEOUT_MARKERS = ("Collective has timed out", "Collective ops is aborted")
-# What Session.run reports when RunOptions.timeout_in_ms expires: it does not
-# say which op was still running.
+# What Session.run reports when its deadline (RunOptions.timeout_in_ms or
+# ConfigProto.operation_timeout_in_ms) expires: it does not say which op was
+# still running.
 _RUN_DEADLINE_MARKER = "Timed out waiting for notification"
 
 
@@ -626,10 +779,11 @@ def explain_collective_errors(graph: Optional[tf.Graph] = None):
 
     A DeadlineExceededError (or CancelledError) raised by a collective op
     becomes a CollectiveTimeoutError whose message names the op that waited,
-    the likely causes and the fix. So does a RunOptions(timeout_in_ms) deadline
-    when `graph` (default: the default graph at entry) holds towerlib
-    collectives, since that error does not name the op still running. Other
-    errors pass through unchanged.
+    the likely causes and the fix. So does an expired run deadline
+    (RunOptions.timeout_in_ms, ConfigProto.operation_timeout_in_ms) when
+    `graph` (default: the default graph at entry) holds towerlib collectives,
+    since that error does not name the op still running. Other errors pass
+    through unchanged.
     """
     graph = graph if graph is not None else tf.compat.v1.get_default_graph()
     try:
@@ -646,8 +800,9 @@ def explain_collective_errors(graph: Optional[tf.Graph] = None):
             )
         elif _RUN_DEADLINE_MARKER in text and _has_towerlib_collectives(graph):
             opening = (
-                "session.run hit its RunOptions.timeout_in_ms deadline in a "
-                "graph with cross-tower collectives; most likely a "
+                "session.run hit its deadline (RunOptions.timeout_in_ms or "
+                "ConfigProto.operation_timeout_in_ms) in a graph with "
+                "cross-tower collectives; most likely a "
                 "collective was waiting for towers that this run never "
                 "started."
             )
@@ -656,11 +811,12 @@ def explain_collective_errors(graph: Optional[tf.Graph] = None):
         message = opening + (
             " Every tower's collectives must run in the same session.run. Likely "
             "causes: (1) the fetches need only some towers (e.g. tower 0's loss "
-            "or outputs alone): fetch the train op, or tensors of every tower; "
+            "or outputs alone): fetch the train op, or tensors of every tower "
+            "(towerlib.collective.check_fetches finds this before running); "
             "(2) the towers built different sequences of synchronized layers "
             "(call CrossTowerReducer.check_consistent() after building them); (3) "
-            "one tower is stalled, e.g. waiting on its input: raise "
-            "timeout_seconds if it is just slow. After such a timeout the "
+            "one tower is stalled, e.g. waiting on its input: raise the "
+            "deadline if it is just slow. After such a timeout the "
             "Session's collectives may stay aborted (every later run fails with "
             '"Collective ops is aborted"): create a new Session.'
         )

@@ -123,7 +123,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
-                      sync_timeout_seconds=collective.DEFAULT_TIMEOUT_SECONDS):
+                      sync_timeout_seconds=None):
     """Builds the multi-tower training step.
 
     Args:
@@ -148,8 +148,11 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         created (all trainable variables when they created none).
       summaries: add 'loss', 'total_loss', 'regularization_loss',
         'learning_rate' and the merged tower scalars to the SUMMARIES collection.
-      sync_timeout_seconds: with bn_mode='sync', how long a cross-tower
-        collective waits for the other towers before failing instead of hanging.
+      sync_timeout_seconds: with bn_mode='sync', an optional per-op timeout of
+        the cross-tower collectives (None: none; costly, see
+        towerlib.collective.CrossTowerReducer). Towers that would make
+        different collectives fail at build time; bound runs with
+        towerlib.collective.bounded_session_config and check_fetches.
 
     Returns:
       A TrainGraph.
