@@ -257,24 +257,26 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
     hook, which then never saves that step.
     """
 
-    def __init__(self, tower_losses, global_step, devices=None):
+    def __init__(self, tower_losses, step_after_update, devices=None):
         """
         Args:
           tower_losses: float scalars, one per tower (TrainGraph.tower_losses).
-          global_step: the step variable.
+          step_after_update: the global step read after the update
+            (towerlib.trainer.step_after_update), to name the step.
           devices: tower device strings, for the message.
         """
         self.tower_losses = list(tower_losses)
-        self.global_step = global_step
+        self.step_after_update = step_after_update
         self.devices = list(devices) if devices else [""] * len(self.tower_losses)
 
     def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs([self.tower_losses, self.global_step])
+        return tf.compat.v1.train.SessionRunArgs(
+            [self.tower_losses, self.step_after_update])
 
     def after_run(self, run_context, run_values):
-        losses, step_before = run_values.results
+        losses, step = run_values.results
         bad = [i for i, loss in enumerate(losses) if not np.isfinite(loss)]
         if bad:
             problems = [f"tower {i}" + (f" ({self.devices[i]})" if self.devices[i] else "")
                         + f": the loss is {losses[i]}" for i in bad]
-            raise NonFiniteError(int(step_before) + 1, problems, applied=True)
+            raise NonFiniteError(int(step), problems, applied=True)

@@ -42,11 +42,19 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
 
     Rates are measured over the steps since the previous log line, so the
     first line (which includes graph warm-up) is the only slow one.
+
+    The step number: a plain fetch of `global_step` next to the train op may
+    read it before or after the op's increment (nothing orders the two), so
+    give `step_after_update`, a read of the step made after the update
+    (`step_after_update(train_graph)`); without it the hook assumes the read
+    came first and adds 1, which is off by one when it did not.
     """
 
-    def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None):
+    def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None,
+                 step_after_update=None):
         self.loss = loss
         self.global_step = global_step
+        self.step_after_update = step_after_update
         self.every_n_steps = max(1, int(every_n_steps))
         self.examples_per_step = examples_per_step
         self.last_loss = None
@@ -59,12 +67,15 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         self._steps_since_log += 1
-        return tf.compat.v1.train.SessionRunArgs([self.loss, self.global_step])
+        step = (self.step_after_update if self.step_after_update is not None
+                else self.global_step)
+        return tf.compat.v1.train.SessionRunArgs([self.loss, step])
 
     def after_run(self, run_context, run_values):
         self.last_loss, self.last_step = run_values.results
-        # global_step was read before the update it ran with.
-        self.last_step += 1
+        self.last_step = int(self.last_step)
+        if self.step_after_update is None:
+            self.last_step += 1
         if self.last_step % self.every_n_steps and self._steps_since_log < self.every_n_steps:
             return
         now = time.time()
@@ -76,6 +87,18 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
                     self.last_step, self.last_loss, rate, sec_per_batch)
         self._steps_since_log = 0
         self._last_time = now
+
+
+def step_after_update(train_graph):
+    """int64 scalar: `global_step` read after `train_graph.train_op` has run.
+
+    Fetch it with the train op to know which step that run produced.
+    """
+    with train_graph.train_op.graph.as_default(), tf.name_scope("step_after_update"), \
+            tf.control_dependencies([train_graph.train_op]):
+        global_step = train_graph.global_step
+        value = global_step.read_value() if hasattr(global_step, "read_value") else global_step
+        return tf.identity(value)
 
 
 class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "loss"])):
@@ -173,15 +196,17 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         tf.io.gfile.makedirs(train_dir)
         restore_from = checkpoints.prepare_restore(train_dir)
 
+    step_after = step_after_update(train_graph)
     step_logger = StepLogger(train_graph.loss, train_graph.global_step,
-                             log_every_n_steps, examples_per_step)
+                             log_every_n_steps, examples_per_step,
+                             step_after_update=step_after)
     numerics_guards = guards.guards_of(graph)
     session_keeper = _SessionKeeper()
     all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
                  step_logger, session_keeper]
     if not numerics_guards:
         all_hooks.append(guards.NonFiniteLossHook(
-            train_graph.tower_losses, train_graph.global_step, train_graph.devices))
+            train_graph.tower_losses, step_after, train_graph.devices))
     all_hooks.extend(hooks)
     signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
     if signal_hook is not None:

@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
 from towerlib import checkpoints  # noqa: E402
+from towerlib.trainer import step_after_update  # noqa: E402
 from tests.fault_scripts import tiny_model  # noqa: E402
 
 
@@ -74,18 +75,19 @@ def inject_fault(point, step, train_dir):
 
 
 class PrintSteps(tf.compat.v1.train.SessionRunHook):
-    def __init__(self, global_step, sleep):
-        self.global_step = global_step
+    def __init__(self, train_graph, sleep):
+        self.global_step = train_graph.global_step
+        self.step_after = step_after_update(train_graph)
         self.sleep = sleep
 
     def after_create_session(self, session, coord):
         print(f"START STEP {session.run(self.global_step)}", flush=True)
 
     def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self.global_step)
+        return tf.compat.v1.train.SessionRunArgs(self.step_after)
 
     def after_run(self, run_context, run_values):
-        print(f"STEP {run_values.results + 1}", flush=True)
+        print(f"STEP {run_values.results}", flush=True)
         if self.sleep:
             time.sleep(self.sleep)
 
@@ -117,7 +119,7 @@ def main():
             save_checkpoint_steps=args.save_every, max_checkpoints_to_keep=args.keep,
             session_config=tiny_model.session_config(2), log_every_n_steps=1000,
             save_summaries_steps=None,
-            hooks=[PrintSteps(train.global_step, args.step_sleep)])
+            hooks=[PrintSteps(train, args.step_sleep)])
     print(f"DONE step={result.global_step} signal={result.stop_signal} "
           f"checkpoint={result.checkpoint}", flush=True)
 
