@@ -140,6 +140,7 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
         self._pending = []
         self.flags = None          # local bool variable [towers, 1 + gradients]
         self.assert_op = None
+        self.marker = None
         self.global_step = None
         self.checks = []
 
@@ -174,7 +175,7 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
         self.checks, self.global_step = checks, global_step
         step = global_step if global_step is not None else tf.constant(-1, tf.int64)
         host = global_step.device if global_step is not None else checks[0].loss_finite.device
-        with tf.name_scope(self._name), tf.device(host):
+        with tf.name_scope(self._name) as scope, tf.device(host):
             flags = tf.stack([tf.stack([c.loss_finite] + c.gradient_finite)
                               for c in checks], name="finite_flags")
             self.flags = tf.compat.v1.Variable(
@@ -183,10 +184,13 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
                 name="last_finite_flags")
             record = self.flags.assign(flags)
             with tf.control_dependencies([record]):
+                # The marker names this guard in the error message: the Assert
+                # runs inside a cond, so the error carries no op to compare.
+                self.marker = f"towerlib numerics guard {scope.rstrip('/')}"
                 self.assert_op = tf.debugging.Assert(
                     tf.reduce_all(flags),
-                    ["towerlib numerics guard: a tower's loss or gradient is NaN or "
-                     "Inf; the update was not applied. global_step before the update:",
+                    [f"{self.marker}: a tower loss or gradient is NaN or Inf, the "
+                     "update was not applied. global_step before the update:",
                      step, "finite flags [tower, (loss, gradients...)]:", flags],
                     summarize=64, name="check")
         gated = [(_gate(g, self.assert_op), v) for g, v in grads_and_vars]
@@ -207,10 +211,7 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
         """Whether an error from session.run is this guard's Assert failing."""
         if self.assert_op is None or not isinstance(error, tf.errors.InvalidArgumentError):
             return False
-        op = getattr(error, "op", None)
-        if op is not None:
-            return op.name.startswith(self.assert_op.name)
-        return self.assert_op.name in str(error)
+        return f"[{self.marker}:" in str(error)
 
     def failure(self, session):
         """The NonFiniteError for the step whose Assert failed in `session`.
