@@ -135,7 +135,7 @@ def test_guard_gates_sparse_gradients_too():
                                     check_gradients=True),
             num_towers=2)
         table_gradient = [g for g, v in train.grads_and_vars if "embed" in v.op.name][0]
-        assert isinstance(table_gradient, tf.IndexedSlices)  # gated, still sparse
+        assert isinstance(table_gradient, tf.IndexedSlices)  # the sparse path is tested
         table = [v for v in tf.compat.v1.global_variables() if "embed" in v.op.name][0]
         with tf.compat.v1.Session(config=tiny_model.session_config(2)) as session:
             session.run([tf.compat.v1.global_variables_initializer(),

@@ -210,7 +210,9 @@ def checkpoint_problem(prefix, read_values=True):
         if read_values:
             for name in sorted(names):
                 reader.get_tensor(name)
-    except (tf.errors.OpError, ValueError, RuntimeError) as error:
+    except Exception as error:  # pylint: disable=broad-except
+        # The reader raises OpError, ValueError, RuntimeError or IndexError
+        # ("Read less bytes than requested" on a truncated data file).
         message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         return f"it cannot be read ({message})"
     return None
@@ -445,8 +447,10 @@ class CheckpointWriter:
         tf.io.gfile.makedirs(staging)
         staged = os.path.join(staging, f"{self.basename}-{int(step)}")
         delete_checkpoint(staged)
-        self.saver.save(session, staged, write_state=False,
-                        write_meta_graph=self.write_meta_graph)
+        # Saver.save takes the eager path outside a graph context.
+        with session.graph.as_default():
+            self.saver.save(session, staged, write_state=False,
+                            write_meta_graph=self.write_meta_graph)
         for path in checkpoint_files(staged):
             _fsync_file(path)
         return staged
