@@ -196,21 +196,23 @@ def _check_train_dir(check, train_dir, probe_writes):
         check.add("train_dir", f"{train_dir} cannot be created: {existing} is a file.",
                   "choose a path whose parents are directories.")
         return
-    if existing != os.path.abspath(train_dir):
-        if not os.access(existing, os.W_OK | os.X_OK):
-            check.add("train_dir", f"{train_dir} cannot be created: {existing} is not "
-                      "writable.", "choose a writable location, or fix its permissions.")
+    if not probe_writes:
         return
-    if probe_writes:
-        probe = os.path.join(train_dir, f".towerlib-write-test-{uuid.uuid4().hex}")
-        try:
+    # Permission bits do not tell (root, read-only mounts, full disks): try.
+    probe = os.path.join(existing, f".towerlib-write-test-{uuid.uuid4().hex}")
+    try:
+        if existing != os.path.abspath(train_dir):
+            os.mkdir(probe)
+            os.rmdir(probe)
+        else:
             with open(probe, "w", encoding="utf-8") as handle:
                 handle.write("ok")
             os.remove(probe)
-        except OSError as error:
-            check.add("train_dir", f"{train_dir} is not writable ({error.strerror}).",
-                      "choose a writable directory, or fix its permissions or free "
-                      "space.")
+    except OSError as error:
+        what = ("is not writable" if existing == os.path.abspath(train_dir)
+                else f"cannot be created: {existing} is not writable")
+        check.add("train_dir", f"{train_dir} {what} ({error.strerror}).",
+                  "choose a writable location, or fix its permissions or free space.")
 
 
 def _check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
@@ -255,10 +257,11 @@ def validate_config(*, num_towers=None, devices=None, device_type=None,
                     probe_writes=True):
     """Checks every given option and raises one ConfigError listing all problems.
 
-    Options left as None are not checked. Nothing is built or created
-    (`train_dir` is probed with a temporary file when it exists, since
-    permission bits do not tell, e.g. for root or on a full or read-only
-    file system).
+    Options left as None are not checked. Nothing is built or left behind:
+    `train_dir` (or, when it does not exist yet, its nearest existing parent)
+    is probed by creating and deleting a temporary file (directory), since
+    permission bits do not tell, e.g. for root or on a read-only or full
+    file system.
 
     Args:
       num_towers, devices, device_type: as for build_train_graph / tower_devices.
@@ -271,7 +274,7 @@ def validate_config(*, num_towers=None, devices=None, device_type=None,
       max_checkpoints_to_keep, master, is_chief: as for run_training.
       session_config: the ConfigProto the session will use, to check that
         '/device:CPU:i' towers exist in it.
-      probe_writes: write and delete a probe file in an existing train_dir.
+      probe_writes: probe train_dir's writability (only the chief writes).
 
     Raises:
       ConfigError: with one ConfigProblem per problem.
