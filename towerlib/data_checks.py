@@ -69,9 +69,11 @@ def check_record_files(paths, record_bytes, *, header_bytes=0, footer_bytes=0,
 
     A file of `header_bytes + k * record_bytes + footer_bytes` bytes holds k
     records. Any other size means the file is truncated, padded, or not in
-    this format: `tf.data.FixedLengthRecordDataset` would silently drop the
-    partial record (or misalign every record after a wrong header), so this
-    is an error naming the file, its size and the leftover bytes.
+    this format. `tf.data.FixedLengthRecordDataset` (TF 2.21) raises for such
+    a file only when it reaches it, possibly hours into training, and reads
+    an empty file (or one holding only the header) as zero records without
+    any error. This checks every file before anything is built and reports
+    all the bad ones together, each with its size and leftover bytes.
 
     Args:
       paths: a file, a directory (its files), a glob pattern, or a list of them.
