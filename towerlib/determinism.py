@@ -24,7 +24,7 @@ def seed_everything(seed, op_determinism=False):
       op_determinism: also call tf.config.experimental.enable_op_determinism(),
         which makes GPU kernels deterministic (or raise for ops that have no
         deterministic implementation). It is process-wide, costs speed on
-        GPUs, and cannot be undone in the process.
+        GPUs, and no public API turns it off again.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {seed!r}.")
