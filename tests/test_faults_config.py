@@ -105,3 +105,13 @@ def test_run_training_validates_before_creating_anything(tmp_path):
                        "log_every_n_steps"]
     assert isinstance(raised.value, ValueError)  # what run_training raised before
     assert sorted(os.listdir(tmp_path)) == ["a_file"]
+
+
+def test_run_training_requires_train_dir_and_max_steps():
+    with tf.Graph().as_default():
+        train = tiny_model.build()
+        with pytest.raises(towerlib.ConfigError) as raised:
+            towerlib.run_training(train, train_dir=None, max_steps=None)
+    assert [str(p) for p in raised.value.problems] == [
+        "train_dir: is required. Fix: give a directory for checkpoints and summaries.",
+        "max_steps: is required. Fix: give the global step to stop at."]

@@ -155,3 +155,12 @@ def _assert_checkpoints_good_up_to(train_dir, last_good_step):
     for prefix in checkpoints.read_state(train_dir):
         for name, value in tiny_model.checkpoint_values(prefix).items():
             assert np.all(np.isfinite(value)), (prefix, name)
+
+
+def test_one_guard_guards_one_update():
+    with tf.Graph().as_default():
+        guard = towerlib.guard_numerics(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        weights = tf.compat.v1.get_variable("w", initializer=1.0)
+        guard.minimize(weights * weights)
+        with pytest.raises(RuntimeError, match="wrap the optimizer again for each train"):
+            guard.minimize(2.0 * weights)

@@ -481,7 +481,7 @@ class CheckpointWriter:
             delete_checkpoint(prefix)
 
 
-class CheckpointSaverHook(tf.compat.v1.train.SessionRunHook):
+class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
     """Saves with a CheckpointWriter every N steps or seconds, and at the end.
 
     Saves once right after the session is created (unless that step already
@@ -513,7 +513,7 @@ class CheckpointSaverHook(tf.compat.v1.train.SessionRunHook):
     def begin(self):
         self._global_step = tf.compat.v1.train.get_global_step()
         if self._global_step is None:
-            raise RuntimeError("CheckpointSaverHook needs a global step: create it "
+            raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
                                "with tf.compat.v1.train.get_or_create_global_step().")
 
     def after_create_session(self, session, coord):

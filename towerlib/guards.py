@@ -118,8 +118,8 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
     """An optimizer wrapper whose update does not run on a non-finite step.
 
     Use as `build_train_graph(model, inputs, guard_numerics(optimizer))`.
-    One instance guards one `apply_gradients` at a time (the towers'
-    `compute_gradients` calls before it).
+    One instance guards one `apply_gradients` (with the towers'
+    `compute_gradients` calls before it); a second one is an error.
     """
 
     def __init__(self, optimizer, check_gradients=False, name="numerics_guard"):
@@ -160,6 +160,10 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
         return grads_and_vars
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        if self.assert_op is not None:
+            raise RuntimeError(
+                "This guard_numerics wrapper already guards an update; wrap the "
+                "optimizer again for each train graph: guard_numerics(optimizer).")
         grads_and_vars = list(grads_and_vars)
         checks, self._pending = self._pending, []
         if not checks:

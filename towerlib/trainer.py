@@ -174,16 +174,13 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       towerlib.CheckpointError: train_dir has checkpoints, none restorable.
     """
     validation.validate_config(
-        train_dir=train_dir if train_dir is not None else "", max_steps=max_steps,
+        train_dir=train_dir, max_steps=max_steps, required=("train_dir", "max_steps"),
         save_checkpoint_steps=save_checkpoint_steps,
         save_checkpoint_secs=save_checkpoint_secs,
         save_summaries_steps=save_summaries_steps, log_every_n_steps=log_every_n_steps,
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
         is_chief=is_chief, session_config=session_config)
-    if max_steps is None:
-        raise validation.ConfigError([validation.ConfigProblem(
-            "max_steps", "is required.", "give the global step to stop at.")])
     if save_checkpoint_steps is None and save_checkpoint_secs is None:
         save_checkpoint_steps = 1000
     _ensure_log_output()
@@ -219,7 +216,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                 save_steps=save_summaries_steps, output_dir=train_dir,
                 scaffold=scaffold))
         # Last: every check of a step runs before that step can be saved.
-        checkpoint_hook = checkpoints.CheckpointSaverHook(
+        checkpoint_hook = checkpoints.CrashSafeSaverHook(
             train_dir, scaffold, save_steps=save_checkpoint_steps,
             save_secs=save_checkpoint_secs, max_to_keep=max_checkpoints_to_keep)
         all_hooks.append(checkpoint_hook)

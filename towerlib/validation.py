@@ -246,6 +246,14 @@ def _check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoin
                   "'grpc://...' of this worker, or is_chief=True for local training.")
 
 
+_REQUIRED_FIXES = {
+    "train_dir": "give a directory for checkpoints and summaries.",
+    "max_steps": "give the global step to stop at.",
+    "num_towers": "give the number of towers.",
+    "global_batch_size": "give the number of examples per optimizer step.",
+}
+
+
 def validate_config(*, num_towers=None, devices=None, device_type=None,
                     global_batch_size=None, per_tower_batch_size=None,
                     bn_mode=None, param_device=None, ema_decay=None,
@@ -254,7 +262,7 @@ def validate_config(*, num_towers=None, devices=None, device_type=None,
                     save_summaries_steps=None, log_every_n_steps=None,
                     examples_per_step=None, max_checkpoints_to_keep=None,
                     master="", is_chief=True, session_config=None,
-                    probe_writes=True):
+                    probe_writes=True, required=()):
     """Checks every given option and raises one ConfigError listing all problems.
 
     Options left as None are not checked. Nothing is built or left behind:
@@ -275,11 +283,18 @@ def validate_config(*, num_towers=None, devices=None, device_type=None,
       session_config: the ConfigProto the session will use, to check that
         '/device:CPU:i' towers exist in it.
       probe_writes: probe train_dir's writability (only the chief writes).
+      required: names of options that must be given (not None), e.g.
+        ('train_dir', 'max_steps') for run_training.
 
     Raises:
       ConfigError: with one ConfigProblem per problem.
     """
     check = _Checker()
+    given = dict(num_towers=num_towers, devices=devices, global_batch_size=global_batch_size,
+                 train_dir=train_dir, max_steps=max_steps, bn_mode=bn_mode)
+    for option in required:
+        if given.get(option, None) is None:
+            check.add(option, "is required.", _REQUIRED_FIXES.get(option, "give it."))
     gpus = devices_lib.local_gpu_count()
     cpu_devices = None
     if session_config is not None:
