@@ -265,14 +265,15 @@ def _quote(text):
 # --- finding what to restore ---
 
 
-def _scan_prefixes(train_dir, basename=None):
-    """Prefixes of every '*.index' file directly in train_dir."""
+def _scan_prefixes(train_dir):
+    """Prefixes of every '<name>-<step>.index' file directly in train_dir.
+
+    Files without a step suffix (an exported 'best.index', say) are not
+    training checkpoints and are left to the state file to name.
+    """
     pattern = os.path.join(_glob_escape(train_dir), "*.index")
     prefixes = [path[:-len(".index")] for path in tf.io.gfile.glob(pattern)]
-    if basename is not None:
-        prefixes = [p for p in prefixes
-                    if os.path.basename(p).startswith(basename + "-")]
-    return prefixes
+    return [p for p in prefixes if checkpoint_step(p) is not None]
 
 
 def _newest_first(listed, scanned):

@@ -193,6 +193,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         tf.io.gfile.makedirs(train_dir)
         restore_from = checkpoints.prepare_restore(train_dir)
 
+    # Built before the session finalizes the graph.
     step_after = step_after_update(train_graph)
     step_logger = StepLogger(train_graph.loss, train_graph.global_step,
                              log_every_n_steps, examples_per_step,
@@ -225,7 +226,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         return checkpoint_hook.last_saved if checkpoint_hook else None
 
     try:
-        with tf.compat.v1.train.MonitoredSession(
+        with graph.as_default(), tf.compat.v1.train.MonitoredSession(
                 session_creator=_session_creator(scaffold, master, session_config,
                                                  is_chief, restore_from),
                 hooks=all_hooks) as session:
@@ -238,7 +239,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                     if guard is None:
                         raise
                     failure = guard.failure(session_keeper.session)
-                    raise failure.with_last_checkpoint(last_checkpoint()) from None
+                    raise failure.with_last_checkpoint(last_checkpoint()) from error
                 except guards.NonFiniteError as error:
                     raise error.with_last_checkpoint(last_checkpoint()) from None
     finally:
