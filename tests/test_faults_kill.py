@@ -75,10 +75,13 @@ def test_sigkill_at_many_moments_then_resume_matches_uninterrupted_run(pool, tmp
             assert _newest_complete_step(killed_dir) >= last - SAVE_EVERY, history
         return start, code, last
 
+    # Outside kills: steps are slowed down (0.3 s each, in a hook after the
+    # step) so that the process cannot finish before the signal lands.
+    slow = ("--step_sleep", 0.3)
     # 1. From outside, between two saves.
-    assert run(kill_when=r"^STEP 3$")[1] == -signal.SIGKILL
+    assert run(*slow, kill_when=r"^STEP 3$")[1] == -signal.SIGKILL
     # 2. From outside, as soon as a save is announced (lands in or just after it).
-    assert run(kill_when=r"Saving checkpoint for step 6 ")[1] == -signal.SIGKILL
+    assert run(*slow, kill_when=r"Saving checkpoint for step 6 ")[1] == -signal.SIGKILL
     # 3-6. From inside, at exact points of the checkpoint protocol.
     for die_at, newest_after in (("stage:8", 6), ("index:10", 8),
                                  ("state:12", 12), ("delete:10", 14)):
