@@ -44,7 +44,6 @@ order of operations but have no fsync and may not rename atomically.
 import logging
 import os
 import re
-import shutil
 import uuid
 
 import tensorflow as tf
