@@ -38,7 +38,8 @@ def test_guard_blocks_the_update_of_a_nan_step_in_the_graph():
             session.run(train.train_op)
             before = session.run(variables)
             with pytest.raises(tf.errors.InvalidArgumentError,
-                               match="towerlib numerics guard numerics_guard: a tower loss or gradient is NaN"):
+                               match="towerlib numerics guard numerics_guard: "
+                                     "a tower loss or gradient is NaN"):
                 session.run(train.train_op)
             after = session.run(variables)
     assert any("Momentum" in name for name in before)

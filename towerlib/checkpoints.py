@@ -234,7 +234,8 @@ def read_state(train_dir):
     if state is None:
         return []
     listed = [_absolute(train_dir, p) for p in state.all_model_checkpoint_paths]
-    latest = _absolute(train_dir, state.model_checkpoint_path) if state.model_checkpoint_path else None
+    latest = (_absolute(train_dir, state.model_checkpoint_path)
+              if state.model_checkpoint_path else None)
     if latest and latest not in listed:
         listed.append(latest)
     return listed
