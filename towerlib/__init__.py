@@ -1,1 +1,31 @@
-"""towerlib: one tower function, many devices, one optimizer step per global batch."""
+"""towerlib: one tower function, many devices, one optimizer step per global batch.
+
+    import towerlib
+    train = towerlib.build_train_graph(model, (images, labels), optimizer,
+                                       num_towers=4, bn_mode="all_towers")
+    with tf.compat.v1.Session(config=towerlib.session_config(4)) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train.train_op)
+"""
+
+from towerlib import layers
+from towerlib.normalization import batch_norm, pooled_statistics
+from towerlib.context import BN_MODES, TowerContext, TowerRecords
+from towerlib.devices import session_config, tower_devices, variable_placer
+from towerlib.gradients import aggregate_gradients
+from towerlib.inputs import split_global_batch
+from towerlib.summaries import strip_tower_prefix, tower_scalar
+from towerlib.towers import Tower, TowerModel, build_towers
+from towerlib.train_graph import TrainGraph, build_train_graph, ema_restore_map
+from towerlib.trainer import StepLogger, run_training
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BN_MODES", "StepLogger", "Tower", "TowerContext", "TowerModel",
+    "TowerRecords", "TrainGraph", "aggregate_gradients", "batch_norm",
+    "build_towers", "build_train_graph", "ema_restore_map", "layers",
+    "pooled_statistics", "run_training", "session_config",
+    "split_global_batch", "strip_tower_prefix", "tower_devices",
+    "tower_scalar", "variable_placer",
+]

@@ -1,0 +1,169 @@
+"""Bad input is refused early, with a message naming the problem and the fix."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import towerlib
+from tests import helpers
+
+
+def build(tower_fn=helpers.conv_dense_model, inputs=None, **kwargs):
+    kwargs.setdefault("devices", helpers.cpu_devices(2))
+    if inputs is None:
+        inputs = tuple(tf.constant(x) for x in helpers.image_batch(8))
+    return towerlib.build_train_graph(
+        tower_fn, inputs, tf.compat.v1.train.GradientDescentOptimizer(0.1), **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def fresh_graph():
+    with tf.Graph().as_default():
+        yield
+
+
+@pytest.mark.parametrize("num_towers", [0, -2])
+def test_zero_or_negative_tower_count(num_towers):
+    with pytest.raises(ValueError, match="num_towers must be at least 1"):
+        build(num_towers=num_towers, devices=None)
+
+
+def test_non_integer_tower_count():
+    with pytest.raises(TypeError, match="num_towers must be a positive int"):
+        build(num_towers=2.0, devices=None)
+
+
+def test_more_gpu_towers_than_gpus():
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    with pytest.raises(ValueError, match=f"Asked for {gpus + 1} GPU towers but this "
+                                         f"machine has {gpus} GPU"):
+        build(num_towers=gpus + 1, devices=None, device_type="gpu")
+
+
+def test_tower_count_disagrees_with_devices():
+    with pytest.raises(ValueError, match="num_towers=3 but 2 devices"):
+        build(num_towers=3, devices=helpers.cpu_devices(2))
+
+
+def test_tower_function_returns_non_scalar():
+    def per_example_loss(inputs, ctx):
+        images, _ = inputs
+        return tf.reduce_sum(images, axis=[1, 2, 3])
+
+    with pytest.raises(ValueError, match=r"loss .* has shape \(4,\), not a scalar.*"
+                                         r"tf\.reduce_mean"):
+        build(tower_fn=per_example_loss)
+
+
+@pytest.mark.parametrize("bad_loss", [None, 1.5, np.float32(2.0)])
+def test_tower_function_returns_non_tensor(bad_loss):
+    with pytest.raises(TypeError, match="not a tf.Tensor. It must return the tower's loss"):
+        build(tower_fn=lambda inputs, ctx: bad_loss)
+
+
+def test_tower_function_returns_integer_tensor():
+    with pytest.raises(TypeError, match="has dtype int32; a loss must be a float"):
+        build(tower_fn=lambda inputs, ctx: tf.constant(1))
+
+
+def test_dict_result_without_loss():
+    with pytest.raises(ValueError, match="without a 'loss' entry"):
+        build(tower_fn=lambda inputs, ctx: {"logits": inputs[0]})
+
+
+def test_model_class_instead_of_instance():
+    class Net(towerlib.TowerModel):
+        def build(self, inputs, ctx):
+            return helpers.conv_dense_model(inputs, ctx)
+
+    with pytest.raises(TypeError, match=r"pass Net\(\), not Net"):
+        build(tower_fn=Net)
+    build(tower_fn=Net())  # the instance is fine
+
+
+def test_global_batch_smaller_than_tower_count():
+    inputs = tuple(tf.constant(x) for x in helpers.image_batch(3))
+    with pytest.raises(ValueError, match="global batch has 3 examples but there are 4 "
+                                         "towers"):
+        build(inputs=inputs, devices=helpers.cpu_devices(4))
+
+
+def test_global_batch_smaller_than_tower_count_at_run_time():
+    images = tf.compat.v1.placeholder(tf.float32, [None, 6, 6, 2])
+    labels = tf.compat.v1.placeholder(tf.int32, [None])
+    train = build(inputs=(images, labels), devices=helpers.cpu_devices(4))
+    small = helpers.image_batch(3)
+    with tf.compat.v1.Session(config=towerlib.session_config(4)) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="global batch is smaller than the tower count"):
+            session.run(train.train_op, {images: small[0], labels: small[1]})
+
+
+def test_inputs_with_different_batch_dimensions():
+    images, labels = helpers.image_batch(8)
+    inputs = (tf.constant(images), tf.constant(labels[:6]))
+    with pytest.raises(ValueError, match="disagree on the batch .* dimension"):
+        build(inputs=inputs)
+
+
+def test_inputs_with_different_batch_dimensions_at_run_time():
+    images = tf.compat.v1.placeholder(tf.float32, [None, 6, 6, 2])
+    labels = tf.compat.v1.placeholder(tf.int32, [None])
+    train = build(inputs=(images, labels))
+    batch = helpers.image_batch(8)
+    with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="different batch dimension"):
+            session.run(train.train_op, {images: batch[0], labels: batch[1][:6]})
+
+
+def test_later_tower_creating_a_variable_with_get_variable():
+    def sneaky(inputs, ctx):
+        if ctx.index == 1:
+            tf.compat.v1.get_variable("tower_one_only", [2])
+        return helpers.conv_dense_model(inputs, ctx)
+
+    with pytest.raises(ValueError, match="Tower 1 tried to create a variable .*"
+                                         "tower_one_only"):
+        build(tower_fn=sneaky)
+
+
+def test_later_tower_creating_a_tf_variable():
+    def sneaky(inputs, ctx):
+        if ctx.index == 1:
+            tf.Variable(1.0, name="plain_variable")
+        return helpers.conv_dense_model(inputs, ctx)
+
+    with pytest.raises(ValueError, match=r"Tower 1 created variable\(s\) "
+                                         r"\['tower_1/plain_variable.*tf\.compat\.v1\.get_variable"):
+        build(tower_fn=sneaky)
+
+
+def test_unknown_bn_mode():
+    with pytest.raises(ValueError, match="Unknown bn_mode 'every_tower'.*first_tower, "
+                                         "all_towers, sync"):
+        build(bn_mode="every_tower")
+
+
+def test_unknown_parameter_device():
+    with pytest.raises(ValueError, match="Unknown param_device 'tpu'.*'cpu'.*'gpu'"):
+        build(param_device="tpu")
+
+
+def test_non_optimizer():
+    with pytest.raises(TypeError, match="optimizer must be a tf.compat.v1.train.Optimizer"):
+        towerlib.build_train_graph(
+            helpers.conv_dense_model, tuple(tf.constant(x) for x in helpers.image_batch(8)),
+            "sgd", devices=helpers.cpu_devices(2))
+
+
+def test_non_tensor_inputs():
+    with pytest.raises(TypeError, match="Every input must be a tf.Tensor, got ndarray"):
+        build(inputs=helpers.image_batch(8))
+
+
+def test_bad_ema_decay():
+    with pytest.raises(ValueError, match=r"ema_decay must be in \(0, 1\)"):
+        build(ema_decay=1.5)

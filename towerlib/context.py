@@ -1,0 +1,113 @@
+"""The tower context: what one replica of the tower function knows about itself.
+
+A `TowerContext` is handed explicitly to every tower function and to the
+layers that behave differently per tower (batch norm, dropout). Nothing is read
+from a global: two builds in one graph, or an evaluation graph next to a
+training graph, cannot see each other's state.
+"""
+
+import collections
+import dataclasses
+from typing import Any, Optional
+
+import tensorflow as tf
+
+BN_MODES = ("first_tower", "all_towers", "sync")
+
+
+def check_bn_mode(bn_mode):
+    """Raises ValueError unless `bn_mode` is one of `BN_MODES`."""
+    if bn_mode not in BN_MODES:
+        raise ValueError(
+            f"Unknown bn_mode {bn_mode!r}. Pick one of {', '.join(BN_MODES)}: "
+            "'first_tower' updates the moving statistics from tower 0's shard, "
+            "'all_towers' from the whole global batch, 'sync' also normalizes "
+            "with the whole global batch's statistics.")
+
+
+@dataclasses.dataclass
+class BatchNormStatistics:
+    """One tower's batch statistics for one batch-norm layer in one step.
+
+    `count` is a float32 scalar (examples x spatial positions reduced over);
+    `mean` and `variance` have the layer's channel shape, `variance` is the
+    biased (population) variance. `moving_mean` and `moving_variance` are the
+    layer's shared variables.
+    """
+
+    tower_index: int
+    count: tf.Tensor
+    mean: tf.Tensor
+    variance: tf.Tensor
+    moving_mean: Any
+    moving_variance: Any
+    momentum: float
+
+
+class TowerRecords:
+    """What the towers of one build report back to the builder.
+
+    Towers append; the builder reads after every tower is built. Keys are
+    layer names (variable-scope names), so the same layer in every tower
+    lands under one key.
+    """
+
+    def __init__(self, num_towers):
+        self.num_towers = num_towers
+        # layer name -> [BatchNormStatistics, ...] in tower order.
+        self.batch_norm = collections.OrderedDict()
+        # scalar name -> [(tower_index, value), ...]
+        self.scalars = collections.OrderedDict()
+
+    def add_batch_norm(self, layer_name, statistics):
+        self.batch_norm.setdefault(layer_name, []).append(statistics)
+
+    def add_scalar(self, name, tower_index, value):
+        self.scalars.setdefault(name, []).append((tower_index, value))
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerContext:
+    """Identity and mode of one tower.
+
+    Attributes:
+      index: 0-based tower number.
+      num_towers: how many towers this build has.
+      device: the device the tower's ops run on, e.g. '/device:GPU:1'.
+      is_training: whether layers run in training mode (batch statistics,
+        dropout) or inference mode (moving statistics, no dropout).
+      bn_mode: one of `BN_MODES`; how batch norm treats the towers.
+      name_scope: the tower's name scope, e.g. 'tower_1/'.
+      batch_size: int32 scalar tensor, this tower's number of examples, or
+        None when the builder does not know it.
+      records: the build's shared `TowerRecords`, or None when the layers are
+        used outside a builder (then batch norm puts its moving-average
+        updates into the UPDATE_OPS collection, as plain TF 1 code expects).
+      cross_tower: the build's cross-tower reducer for bn_mode='sync', else None.
+    """
+
+    index: int = 0
+    num_towers: int = 1
+    device: str = ""
+    is_training: bool = True
+    bn_mode: str = "first_tower"
+    name_scope: str = ""
+    batch_size: Optional[tf.Tensor] = None
+    records: Optional[TowerRecords] = None
+    cross_tower: Any = None
+
+    def __post_init__(self):
+        check_bn_mode(self.bn_mode)
+        if not 0 <= self.index < self.num_towers:
+            raise ValueError(
+                f"Tower index {self.index} is outside 0..{self.num_towers - 1}.")
+
+    @property
+    def is_first(self):
+        """True for tower 0, the tower that creates the variables."""
+        return self.index == 0
+
+    @classmethod
+    def single(cls, is_training=True, bn_mode="first_tower"):
+        """A context for using towerlib layers on one device, without a builder."""
+        return cls(is_training=is_training, bn_mode=bn_mode)

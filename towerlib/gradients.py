@@ -1,0 +1,85 @@
+"""Aggregating per-tower gradients into one gradient per variable.
+
+Each tower differentiates its loss already weighted by its share of the global
+batch, so the aggregate is a plain sum, computed on the variable's own device
+(no gradient travels further than it has to). Dense gradients are added;
+`IndexedSlices` (embedding lookups, gathers) are concatenated and stay sparse,
+so a large embedding table never gets a dense gradient.
+"""
+
+import logging
+
+import tensorflow as tf
+
+logger = logging.getLogger("towerlib")
+
+
+def _var_key(variable):
+    """A key identifying a variable across towers (the same object in each)."""
+    return id(variable)
+
+
+def _sum_sparse(slices_list):
+    return tf.IndexedSlices(
+        values=tf.concat([s.values for s in slices_list], axis=0),
+        indices=tf.concat([s.indices for s in slices_list], axis=0),
+        dense_shape=slices_list[0].dense_shape)
+
+
+def sum_gradients(gradients):
+    """Sums one variable's gradients from several towers.
+
+    Args:
+      gradients: non-empty list of Tensors and/or IndexedSlices.
+
+    Returns:
+      A Tensor when every gradient is dense, IndexedSlices when every gradient
+      is sparse; a mix is densified (it only happens when a variable is used
+      both through a gather and directly).
+    """
+    if len(gradients) == 1:
+        return gradients[0]
+    if all(isinstance(g, tf.IndexedSlices) for g in gradients):
+        return _sum_sparse(gradients)
+    return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
+
+
+def aggregate_gradients(tower_grads_and_vars):
+    """One (gradient, variable) pair per variable from every tower's list.
+
+    Args:
+      tower_grads_and_vars: a list (one entry per tower) of lists of
+        (gradient, variable) pairs, as `Optimizer.compute_gradients` returns,
+        every tower listing the same variables in the same order.
+
+    Returns:
+      A list of (aggregated gradient, variable). A variable whose gradient is
+      None in every tower is left out, with a warning naming it: it does not
+      feed the loss, which is usually a bug in the model but must not crash
+      training.
+    """
+    if not tower_grads_and_vars:
+        return []
+    order = [v for _, v in tower_grads_and_vars[0]]
+    per_variable = {_var_key(v): [] for v in order}
+    for tower_index, grads_and_vars in enumerate(tower_grads_and_vars):
+        for grad, var in grads_and_vars:
+            if _var_key(var) not in per_variable:
+                raise ValueError(
+                    f"Tower {tower_index} has a gradient for variable {var.name} "
+                    "that tower 0 does not have; towers must share one set of "
+                    "variables.")
+            if grad is not None:
+                per_variable[_var_key(var)].append(grad)
+    aggregated = []
+    with tf.name_scope("aggregate_gradients"):
+        for var in order:
+            grads = per_variable[_var_key(var)]
+            if not grads:
+                logger.warning(
+                    "Variable %s has no gradient in any tower; it is left out of "
+                    "the update. Check that it feeds the loss.", var.name)
+                continue
+            with tf.device(var.device):
+                aggregated.append((sum_gradients(grads), var))
+    return aggregated

@@ -1,0 +1,224 @@
+"""Building the tower function once per device with one shared set of variables.
+
+Tower i runs under name scope 'tower_i' on its device, inside one variable
+scope that tower 0 creates variables in and every later tower reuses. All
+the towers are built before any of them runs: the Python loop builds a graph,
+and the session runs the towers in parallel (seed 001).
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+from towerlib import devices as devices_lib
+from towerlib import inputs as inputs_lib
+from towerlib.context import TowerContext, TowerRecords, check_bn_mode
+
+
+class TowerModel:
+    """Base class for a model written once and replicated on every tower.
+
+    Subclasses implement `build(inputs, ctx)`, returning the tower's loss: a
+    float scalar, the mean over THIS tower's examples (towerlib weights the
+    towers so that the step's objective is the mean over the global batch).
+    A dict with a 'loss' entry may be returned instead, to hand other tensors
+    (logits, accuracy) back per tower.
+    """
+
+    def build(self, inputs, ctx):
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement build(self, inputs, ctx) and "
+            "return the tower's scalar loss.")
+
+    def __call__(self, inputs, ctx):
+        return self.build(inputs, ctx)
+
+
+@dataclasses.dataclass
+class Tower:
+    """What one tower built.
+
+    Attributes:
+      context: the tower's TowerContext (its batch_size is set).
+      inputs: the tower's shard of the inputs (a nest of tensors).
+      result: whatever the tower function returned.
+      loss: the scalar loss (None for a forward-only build without a loss).
+      outputs: the other entries of a dict result, else {}.
+      update_ops: ops the tower added to UPDATE_OPS in its own name scope
+        (user ops; towerlib batch norm reports through TowerRecords instead).
+    """
+
+    context: TowerContext
+    inputs: Any
+    result: Any
+    loss: Optional[tf.Tensor]
+    outputs: Dict[str, Any]
+    update_ops: List[tf.Operation]
+
+
+def as_tower_fn(tower_fn):
+    """Accepts a TowerModel or a callable (inputs, ctx) -> loss."""
+    if isinstance(tower_fn, TowerModel):
+        return tower_fn.build
+    if isinstance(tower_fn, type) and issubclass(tower_fn, TowerModel):
+        raise TypeError(
+            f"Got the class {tower_fn.__name__}, not an instance: pass "
+            f"{tower_fn.__name__}(), not {tower_fn.__name__}.")
+    if not callable(tower_fn):
+        raise TypeError(
+            f"tower_fn must be a towerlib.TowerModel or a callable (inputs, ctx) "
+            f"-> loss, got {type(tower_fn).__name__}.")
+    return tower_fn
+
+
+def _split_result(result, tower_index, require_loss):
+    """(loss, outputs) from what the tower function returned, validated."""
+    outputs = {}
+    loss = result
+    if isinstance(result, dict):
+        if "loss" not in result and require_loss:
+            raise ValueError(
+                f"Tower {tower_index}'s function returned a dict without a 'loss' "
+                f"entry (keys: {sorted(result)}). Put the tower's scalar loss under "
+                "'loss'.")
+        outputs = {k: v for k, v in result.items() if k != "loss"}
+        loss = result.get("loss")
+    if not require_loss and loss is None:
+        return None, outputs
+    if not isinstance(loss, tf.Tensor):
+        if require_loss:
+            raise TypeError(
+                f"Tower {tower_index}'s function returned {type(loss).__name__}, "
+                "not a tf.Tensor. It must return the tower's loss as a scalar "
+                "float tensor (the mean over this tower's examples), or a dict "
+                "with such a 'loss' entry.")
+        return None, outputs if isinstance(result, dict) else {}
+    if not loss.dtype.is_floating:
+        raise TypeError(
+            f"Tower {tower_index}'s loss {loss.name} has dtype {loss.dtype.name}; "
+            "a loss must be a float tensor.")
+    if loss.shape.rank is not None and loss.shape.rank != 0:
+        raise ValueError(
+            f"Tower {tower_index}'s loss {loss.name} has shape {loss.shape}, not a "
+            "scalar. Return the mean over this tower's examples, e.g. "
+            "tf.reduce_mean(per_example_loss).")
+    return loss, outputs
+
+
+def _global_variable_set():
+    return set(tf.compat.v1.global_variables()) | set(tf.compat.v1.local_variables())
+
+
+def _host_cpu(device):
+    """The CPU of the machine (job/task) that `device` belongs to."""
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+def resolve_devices(num_towers=None, devices=None, device_type=None):
+    """The tower device list from a count, an explicit list, or the machine."""
+    if devices is None:
+        return devices_lib.tower_devices(num_towers, device_type)
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices is empty: give at least one device string.")
+    if num_towers is not None:
+        devices_lib.check_num_towers(num_towers)
+        if num_towers != len(devices):
+            raise ValueError(
+                f"num_towers={num_towers} but {len(devices)} devices were given "
+                f"({devices}); pass one or make them agree.")
+    for device in devices:
+        tf.DeviceSpec.from_string(device)  # raises on a malformed string
+    return devices
+
+
+def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
+                 device_type=None, is_training=True, bn_mode="first_tower", param_device="cpu",
+                 reuse_variables=False, records=None, cross_tower=None,
+                 require_loss=True):
+    """Builds `tower_fn` once per device and returns what each tower made.
+
+    Args:
+      tower_fn: a TowerModel or a callable (inputs, ctx) -> loss or dict.
+      inputs: the global batch, a nest of tensors split along axis 0 across
+        the towers (uneven when not divisible); or a callable input_fn(ctx)
+        returning tower ctx.index's own batch, built on the tower's host CPU.
+      num_towers / devices: how many towers, or their exact device strings.
+      device_type: 'gpu', 'cpu' or None (GPUs when the machine has them).
+      is_training: layers' mode (batch statistics and dropout, or not).
+      bn_mode: see towerlib.batch_norm.
+      param_device: 'cpu', 'gpu' or a device function for the variables.
+      reuse_variables: True when the variables already exist (an evaluation
+        graph next to a training graph); then no tower creates any.
+      records: the TowerRecords the towers report into (a new one if None).
+      cross_tower: the cross-tower reducer for bn_mode='sync'.
+      require_loss: whether the tower function must return a loss.
+
+    Returns:
+      (towers, records): a list of `Tower`, and the TowerRecords.
+    """
+    check_bn_mode(bn_mode)
+    tower_fn = as_tower_fn(tower_fn)
+    devices = resolve_devices(num_towers, devices, device_type)
+    num_towers = len(devices)
+    placer = devices_lib.variable_placer(param_device, devices)
+    records = records if records is not None else TowerRecords(num_towers)
+
+    per_tower_input_fn = inputs if callable(inputs) else None
+    if per_tower_input_fn is None:
+        shards, sizes = inputs_lib.split_global_batch(inputs, num_towers)
+
+    towers = []
+    outer_scope = tf.compat.v1.get_variable_scope()
+    with tf.compat.v1.variable_scope(
+            outer_scope, reuse=True if reuse_variables else None) as var_scope:
+        for index, device in enumerate(devices):
+            if index > 0:
+                var_scope.reuse_variables()
+            variables_before = _global_variable_set()
+            device_fn = devices_lib.tower_device_function(device, placer)
+            with tf.name_scope(f"tower_{index}") as name_scope, \
+                    tf.compat.v1.device(device_fn):
+                ctx = TowerContext(
+                    index=index, num_towers=num_towers, device=device,
+                    is_training=is_training, bn_mode=bn_mode,
+                    name_scope=name_scope, records=records,
+                    cross_tower=cross_tower)
+                if per_tower_input_fn is not None:
+                    with tf.device(_host_cpu(device)), tf.name_scope("input"):
+                        tower_inputs = per_tower_input_fn(ctx)
+                        batch_size = inputs_lib.leading_batch_size(tower_inputs)
+                else:
+                    tower_inputs, batch_size = shards[index], sizes[index]
+                ctx = dataclasses.replace(ctx, batch_size=batch_size)
+                try:
+                    result = tower_fn(tower_inputs, ctx)
+                except ValueError as error:
+                    if index > 0 and "does not exist" in str(error):
+                        raise ValueError(
+                            f"Tower {index} tried to create a variable that tower 0 "
+                            f"did not create: {error}\nEvery variable must be created "
+                            "by tower 0 and reused by later towers: do not create "
+                            "variables conditionally on ctx.index, and give layers "
+                            "fixed names.") from error
+                    if reuse_variables and "does not exist" in str(error):
+                        raise ValueError(
+                            "reuse_variables=True, but the tower function asked for a "
+                            f"variable that does not exist yet: {error}") from error
+                    raise
+                loss, outputs = _split_result(result, index, require_loss)
+            created = _global_variable_set() - variables_before
+            if created and (index > 0 or reuse_variables):
+                names = sorted(v.name for v in created)
+                raise ValueError(
+                    f"Tower {index} created variable(s) {names} that "
+                    f"{'tower 0 did not' if index else 'should already exist'}. "
+                    "Create variables with tf.compat.v1.get_variable (towerlib "
+                    "layers do) so that later towers reuse tower 0's; tf.Variable "
+                    "always makes a new one.")
+            update_ops = tf.compat.v1.get_collection(
+                tf.compat.v1.GraphKeys.UPDATE_OPS, name_scope)
+            towers.append(Tower(ctx, tower_inputs, result, loss, outputs, update_ops))
+    return towers, records

@@ -1,0 +1,239 @@
+"""Assembling the training step: towers, weighted losses, one update.
+
+One step consumes one global batch of B examples split over N towers:
+
+    objective = sum_i (n_i / B) * loss_i + regularization
+              = mean loss over all B examples + regularization
+
+where loss_i is tower i's mean over its n_i examples. Each tower
+differentiates its own weighted term on its own device; the gradients are
+summed per variable on the variable's device; one `apply_gradients` adds 1 to
+`global_step`. Regularization is added to tower 0's term only, so it counts
+once. The chosen batch-norm updates run under control dependencies of the
+update (seed 000); the weights' moving average, when asked for, after it.
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional
+
+import tensorflow as tf
+
+from towerlib import normalization
+from towerlib import gradients as gradients_lib
+from towerlib import summaries as summaries_lib
+from towerlib import towers as towers_lib
+from towerlib.context import TowerContext, TowerRecords, check_bn_mode
+
+
+@dataclasses.dataclass
+class TrainGraph:
+    """The training step's tensors and ops.
+
+    Attributes:
+      train_op: run once per global batch.
+      loss: float32 scalar, mean loss over the global batch (no regularization).
+      total_loss: loss + regularization_loss, the optimized objective.
+      regularization_loss: float32 scalar (0 when there is none).
+      tower_losses: each tower's mean loss over its own shard.
+      tower_shares: float32 scalars n_i / B.
+      tower_outputs: per tower, the non-loss entries of a dict result.
+      global_step: the step counter variable.
+      grads_and_vars: the aggregated (gradient, variable) pairs applied.
+      update_ops: batch-norm and other update ops the train op waits for.
+      ema: the weights' ExponentialMovingAverage, or None.
+      devices: the tower device strings.
+      contexts: each tower's TowerContext.
+      scalars: the merged tower scalars, by name.
+    """
+
+    train_op: tf.Operation
+    loss: tf.Tensor
+    total_loss: tf.Tensor
+    regularization_loss: tf.Tensor
+    tower_losses: List[tf.Tensor]
+    tower_shares: List[tf.Tensor]
+    tower_outputs: List[Dict[str, Any]]
+    global_step: Any
+    grads_and_vars: list
+    update_ops: List[Any]
+    ema: Optional[tf.compat.v1.train.ExponentialMovingAverage]
+    devices: List[str]
+    contexts: List[TowerContext]
+    scalars: Dict[str, tf.Tensor]
+
+
+def _check_optimizer(optimizer):
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise TypeError(
+            f"optimizer must be a tf.compat.v1.train.Optimizer (e.g. "
+            f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
+            "Keras optimizers do not run in graph-mode towers.")
+
+
+def _check_ema_decay(ema_decay):
+    if ema_decay is not None and not 0.0 < ema_decay < 1.0:
+        raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay}.")
+
+
+def _global_step_for(global_step, param_device, devices):
+    if global_step is not None:
+        return global_step
+    if callable(param_device):
+        with tf.compat.v1.device(param_device):
+            return tf.compat.v1.train.get_or_create_global_step()
+    with tf.device(towers_lib._host_cpu(devices[0])):
+        return tf.compat.v1.train.get_or_create_global_step()
+
+
+def _make_cross_tower_reducer(bn_mode, devices):
+    """The reducer sync batch norm all-reduces through; None for other modes."""
+    if bn_mode != "sync" or len(devices) == 1:
+        return None
+    # bn_mode='sync' is completed by issue 3; batch_norm raises until then.
+    return None
+
+
+def _tower_shares(towers):
+    counts = [tf.cast(t.context.batch_size, tf.float32) for t in towers]
+    with tf.name_scope("tower_shares"):
+        total = tf.add_n(counts)
+        return [count / total for count in counts]
+
+
+def _new_regularization_losses(before):
+    after = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
+    seen = {id(t) for t in before}
+    return [t for t in after if id(t) not in seen]
+
+
+def _chosen_update_ops(towers, records, bn_mode):
+    """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
+
+    The user's own update ops cannot be pooled, so 'first_tower' runs tower
+    0's and the other modes run every tower's.
+    """
+    updates = normalization.moving_average_updates(records, bn_mode)
+    for tower in towers:
+        if bn_mode != "first_tower" or tower.context.is_first:
+            updates.extend(tower.update_ops)
+    return updates
+
+
+def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
+                      devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
+                      global_step=None, ema_decay=None, learning_rate=None,
+                      var_list=None, summaries=True):
+    """Builds the multi-tower training step.
+
+    Args:
+      tower_fn: a towerlib.TowerModel, or a callable (inputs, ctx) -> loss
+        (float scalar, mean over the tower's own examples) or a dict holding
+        'loss' and other per-tower tensors.
+      inputs: the global batch as a nest of tensors sharing dimension 0
+        (split across towers, unevenly when not divisible), or an input
+        function input_fn(ctx) returning tower ctx.index's own batch.
+      optimizer: a tf.compat.v1.train.Optimizer; it steps once per global batch.
+      num_towers: number of towers (default: one per GPU, else 1).
+      devices: explicit tower device strings instead of num_towers.
+      device_type: 'gpu', 'cpu' or None (GPUs when the machine has them).
+      bn_mode: 'first_tower', 'all_towers' or 'sync' (see towerlib.normalization).
+      param_device: 'cpu' (variables on the host CPU), 'gpu' (spread over the
+        tower GPUs by byte size) or a device function.
+      global_step: a step variable; default get_or_create_global_step().
+      ema_decay: if set, keep an ExponentialMovingAverage of the trainable
+        weights, updated after each step (evaluate with `ema_restore_map`).
+      learning_rate: a tensor or float, only for the 'learning_rate' summary.
+      var_list: variables to train; default the trainable variables the towers
+        created (all trainable variables when they created none).
+      summaries: add 'loss', 'total_loss', 'regularization_loss',
+        'learning_rate' and the merged tower scalars to the SUMMARIES collection.
+
+    Returns:
+      A TrainGraph.
+    """
+    check_bn_mode(bn_mode)
+    _check_optimizer(optimizer)
+    _check_ema_decay(ema_decay)
+    devices = towers_lib.resolve_devices(num_towers, devices, device_type)
+    global_step = _global_step_for(global_step, param_device, devices)
+
+    records = TowerRecords(len(devices))
+    trainable_before = set(tf.compat.v1.trainable_variables())
+    regularization_before = tf.compat.v1.get_collection(
+        tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
+    towers, records = towers_lib.build_towers(
+        tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
+        param_device=param_device, records=records,
+        cross_tower=_make_cross_tower_reducer(bn_mode, devices))
+
+    if var_list is None:
+        trainable = tf.compat.v1.trainable_variables()
+        var_list = [v for v in trainable if v not in trainable_before] or trainable
+    if not var_list:
+        raise ValueError("There are no trainable variables: the tower function "
+                         "created none and none existed before.")
+
+    shares = _tower_shares(towers)
+    regularization_terms = _new_regularization_losses(regularization_before)
+    host = towers_lib._host_cpu(devices[0])
+
+    tower_grads_and_vars = []
+    for tower, share in zip(towers, shares):
+        device_fn = tf.compat.v1.device(tower.context.device)
+        with tf.name_scope(tower.context.name_scope), device_fn:
+            objective = share * tower.loss
+            if tower.context.is_first and regularization_terms:
+                objective += tf.add_n(regularization_terms, name="regularization")
+            tower_grads_and_vars.append(optimizer.compute_gradients(
+                objective, var_list=var_list, colocate_gradients_with_ops=True))
+
+    grads_and_vars = gradients_lib.aggregate_gradients(tower_grads_and_vars)
+    update_ops = _chosen_update_ops(towers, records, bn_mode)
+    with tf.control_dependencies(update_ops):
+        apply_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+
+    ema = None
+    train_op = apply_op
+    if ema_decay is not None:
+        ema = tf.compat.v1.train.ExponentialMovingAverage(
+            ema_decay, num_updates=global_step)
+        with tf.control_dependencies([apply_op]):
+            train_op = tf.group(ema.apply(var_list), name="train_op")
+
+    with tf.device(host), tf.name_scope("losses"):
+        loss = tf.add_n([s * t.loss for s, t in zip(shares, towers)], name="loss")
+        regularization_loss = (
+            tf.add_n(regularization_terms, name="regularization_loss")
+            if regularization_terms else tf.constant(0.0, name="regularization_loss"))
+        total_loss = tf.add(loss, regularization_loss, name="total_loss")
+
+    scalars = {}
+    if summaries:
+        with tf.device(host):
+            scalars = summaries_lib.merge_tower_scalars(records, shares)
+            tf.compat.v1.summary.scalar("loss", loss)
+            tf.compat.v1.summary.scalar("total_loss", total_loss)
+            tf.compat.v1.summary.scalar("regularization_loss", regularization_loss)
+            if learning_rate is not None:
+                tf.compat.v1.summary.scalar("learning_rate", learning_rate)
+
+    return TrainGraph(
+        train_op=train_op, loss=loss, total_loss=total_loss,
+        regularization_loss=regularization_loss,
+        tower_losses=[t.loss for t in towers], tower_shares=shares,
+        tower_outputs=[t.outputs for t in towers], global_step=global_step,
+        grads_and_vars=grads_and_vars, update_ops=update_ops, ema=ema,
+        devices=devices, contexts=[t.context for t in towers], scalars=scalars)
+
+
+def ema_restore_map(ema_decay, var_list=None):
+    """A Saver var_list that loads the EMA weights into the model's variables.
+
+    Non-trainable variables (batch-norm moving statistics, global_step)
+    restore as themselves.
+    """
+    _check_ema_decay(ema_decay)
+    ema = tf.compat.v1.train.ExponentialMovingAverage(ema_decay)
+    if var_list is None:
+        var_list = tf.compat.v1.trainable_variables()
+    return ema.variables_to_restore(moving_avg_variables=var_list)
