@@ -36,7 +36,16 @@ class EvalResult:
   ema: bool  # evaluated with the weights' moving averages
 
 
-def _restore_saver(run_config: config_lib.TrainConfig):
+def write_scalar(log_dir: str, tag: str, value: float, step: int) -> None:
+  """Appends one scalar to the TensorBoard events in log_dir."""
+  with tf.Graph().as_default():  # the v1 FileWriter needs graph mode
+    writer = tf.compat.v1.summary.FileWriter(log_dir)
+    writer.add_summary(tf.compat.v1.Summary(value=[
+        tf.compat.v1.Summary.Value(tag=tag, simple_value=value)]), step)
+    writer.close()
+
+
+def restore_saver(run_config: config_lib.TrainConfig):
   """A Saver that loads the EMA weights into the model when the run kept them."""
   if run_config.ema_decay is not None:
     return tf.compat.v1.train.Saver(towerlib.ema_restore_map(run_config.ema_decay))
@@ -58,7 +67,7 @@ def evaluate_checkpoint(checkpoint: str, run_config: config_lib.TrainConfig,
     predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
     batch_correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.int64))
     batch_examples = tf.size(labels)
-    saver = _restore_saver(run_config)
+    saver = restore_saver(run_config)
     total = test_files.num_examples
     report_every = max(1, total // (PROGRESS_LINES + 1))
     correct = seen = 0
@@ -85,10 +94,7 @@ def evaluate_checkpoint(checkpoint: str, run_config: config_lib.TrainConfig,
        ' [generated data]' if test_files.generated else '',
        time.time() - start) + (' with the moving-average weights' if ema else ''))
   if eval_dir:
-    writer = tf.compat.v1.summary.FileWriter(eval_dir)
-    writer.add_summary(tf.compat.v1.Summary(value=[tf.compat.v1.Summary.Value(
-        tag='precision_at_1', simple_value=precision)]), global_step)
-    writer.close()
+    write_scalar(eval_dir, 'precision_at_1', precision, global_step)
   return EvalResult(precision, correct, total, global_step, checkpoint, ema)
 
 

@@ -55,7 +55,8 @@ def augment_resnet(image):
 
 
 def preprocess_eval(image):
-  """uint8 [32, 32, 3] -> float32 [32, 32, 3] with zero mean and unit variance per image."""
+  """uint8 or float [32, 32, 3] (or a batch [N, 32, 32, 3]) -> float32 of the same shape
+  with zero mean and unit variance per image."""
   return tf.image.per_image_standardization(tf.cast(image, tf.float32))
 
 

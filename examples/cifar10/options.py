@@ -20,9 +20,13 @@ def _define(define_fn, name, default, help_text, **kwargs):
     define_fn(name, default, help_text, **kwargs)
 
 
-def define_data_flags():
+def define_train_dir_flag():
   _define(flags.DEFINE_string, 'train_dir', _DEFAULTS.train_dir,
           'Folder for checkpoints, TensorBoard events and train_config.json.')
+
+
+def define_data_flags():
+  define_train_dir_flag()
   _define(flags.DEFINE_string, 'data_dir', '',
           'Folder holding cifar-10-batches-bin/ (or the .bin files). Empty: the built-in '
           'generated data set, written under <train_dir>/generated_data.')
@@ -102,7 +106,7 @@ def define_eval_flags():
 
 
 def define_export_flags():
-  define_data_flags()
+  define_train_dir_flag()
   _define(flags.DEFINE_string, 'export_dir', '',
           'Folder for SavedModels (one numbered by global step per export); empty: '
           '<train_dir>/export.')
