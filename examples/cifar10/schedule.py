@@ -47,14 +47,13 @@ class LearningRateSchedule:
   def tensor(self, global_step):
     """The rate as a float32 scalar tensor of the int64 ``global_step`` variable."""
     step = tf.cast(global_step, tf.int64)
-    values = [self.base_rate * self.decay_factor ** i
-              for i in range(len(self.boundaries) + 1)]
-    if self.boundaries:
-      rate = tf.compat.v1.train.piecewise_constant(
-          step, [tf.constant(b, tf.int64) for b in self.boundaries], values)
-    else:
-      rate = tf.constant(self.base_rate, tf.float32)
-    rate = tf.cast(rate, tf.float32)
+    values = tf.constant([self.base_rate * self.decay_factor ** i
+                          for i in range(len(self.boundaries) + 1)], tf.float32)
+    # The number of boundaries already reached (step >= boundary), as in rate_at.
+    decays = tf.reduce_sum(tf.cast(
+        tf.greater_equal(step, tf.constant(self.boundaries, tf.int64)), tf.int32)
+    ) if self.boundaries else tf.constant(0, tf.int32)
+    rate = tf.gather(values, decays)
     if self.warmup_steps:
       warm = self.base_rate * tf.cast(step + 1, tf.float32) / float(self.warmup_steps)
       rate = tf.where(step < self.warmup_steps, warm, rate)
