@@ -57,7 +57,9 @@ class LearningRateSchedule:
     if self.warmup_steps:
       warm = self.base_rate * tf.cast(step + 1, tf.float32) / float(self.warmup_steps)
       rate = tf.where(step < self.warmup_steps, warm, rate)
-    return tf.identity(rate, name='learning_rate')
+    # Not named 'learning_rate': towerlib's summary of that name would become
+    # 'learning_rate_1' (v1 summary tags are uniquified against op names).
+    return tf.identity(rate, name='learning_rate_schedule')
 
 
 def steps_per_epoch(examples_per_epoch: int, global_batch_size: int) -> float:
