@@ -222,3 +222,18 @@ def test_invalid_existing_folder_is_replaced_only_by_a_good_download(server, tmp
   _download(data_dir, base + '/cifar.tar.gz')
   assert data.validate_split(str(data_dir), 'train').num_examples == 5 * RECORDS_PER_FILE
   assert _leftovers(data_dir) == []
+
+
+def test_train_flags_download_then_validate(server, tmp_path):
+  # --data_dir with --download, as the train script plans it (no graph is built).
+  from examples.cifar10 import config as config_lib
+  from examples.cifar10 import train
+  root, base = server
+  _write_archive(root / 'cifar.tar.gz')
+  plan = train.make_plan(config_lib.TrainConfig(
+      train_dir=str(tmp_path / 'run'), data_dir=str(tmp_path / 'data'), download=True,
+      download_url=base + '/cifar.tar.gz', num_towers=1, device_type='cpu',
+      global_batch_size=4))
+  assert plan.train_files.num_examples == 5 * RECORDS_PER_FILE
+  assert plan.test_files.num_examples == RECORDS_PER_FILE
+  assert not plan.test_files.generated
