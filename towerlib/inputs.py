@@ -69,12 +69,15 @@ def shard_sizes(global_batch, num_towers):
     return base + tf.cast(tf.range(num_towers) < extra, tf.int32)
 
 
-def split_global_batch(inputs, num_towers):
+def split_global_batch(inputs, num_towers, host_device=""):
     """Splits every tensor of `inputs` along axis 0 into `num_towers` shards.
 
     Args:
       inputs: a nest of tensors sharing the leading dimension B.
       num_towers: N.
+      host_device: where to split an input that has no device of its own
+        (the towers' host CPU: on a GPU machine the placer would otherwise
+        put the split, and so the whole global batch, on GPU 0).
 
     Returns:
       (shards, sizes): `shards[i]` is a nest shaped like `inputs` holding
@@ -105,7 +108,7 @@ def split_global_batch(inputs, num_towers):
                 sizes = shard_sizes(tf.identity(global_batch), num_towers)
         flat_shards = []
         for tensor in flat:
-            with tf.compat.v1.colocate_with(tensor):
+            with tf.device(tensor.device or host_device):
                 flat_shards.append(
                     tf.split(tensor, sizes, num=num_towers, axis=0))
         sizes = [tf.constant(s, tf.int32) if isinstance(s, int) else s

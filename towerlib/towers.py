@@ -168,7 +168,8 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
 
     per_tower_input_fn = inputs if callable(inputs) else None
     if per_tower_input_fn is None:
-        shards, sizes = inputs_lib.split_global_batch(inputs, num_towers)
+        shards, sizes = inputs_lib.split_global_batch(
+            inputs, num_towers, host_device=_host_cpu(devices[0]))
 
     towers = []
     outer_scope = tf.compat.v1.get_variable_scope()
