@@ -102,5 +102,7 @@ def main(argv):
 
 if __name__ == '__main__':
   from absl import app
+  from absl import flags as absl_flags
   options.define_export_flags()
+  absl_flags.adopt_module_key_flags(options)  # list them in --help
   app.run(main)

@@ -116,6 +116,7 @@ def main(argv):
 
 if __name__ == '__main__':
   options.define_train_flags()
+  flags.adopt_module_key_flags(options)  # list them in --help
   for name, value in MAIN_DEFAULTS.items():
     flags.FLAGS.set_default(name, value)
   app.run(main)

@@ -29,7 +29,11 @@ def define_data_flags():
   define_train_dir_flag()
   _define(flags.DEFINE_string, 'data_dir', '',
           'Folder holding cifar-10-batches-bin/ (or the .bin files). Empty: the built-in '
-          'generated data set, written under <train_dir>/generated_data.')
+          'generated data set, written under <train_dir>/generated_data (eval: the '
+          'folder the run trained on).')
+
+
+def define_download_flags():
   _define(flags.DEFINE_bool, 'download', False,
           'Fetch and extract the CIFAR-10 binary archive into --data_dir first, unless a '
           'complete copy is there.')
@@ -39,6 +43,7 @@ def define_data_flags():
 
 def define_train_flags():
   define_data_flags()
+  define_download_flags()
   d = _DEFAULTS
   _define(flags.DEFINE_string, 'model', d.model,
           'convnet (the tutorial network) or resnet20/32/44/56/110 (any 6n+2 depth).')
