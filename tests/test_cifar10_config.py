@@ -81,9 +81,13 @@ def test_truncated_data_file_is_reported_before_building(tmp_path):
     train.make_plan(_config(tmp_path, data_dir=str(folder)))
 
 
-def test_bad_learning_rate_settings_are_config_errors(tmp_path, generated_dir):
-  with pytest.raises(config_lib.ConfigError, match='ascending'):
-    train.make_plan(_config(tmp_path, data_dir=generated_dir, lr_decay_epochs=[5, 2]))
+def test_bad_learning_rate_settings_are_refused_before_the_data_is_touched(tmp_path):
+  # The data folder does not exist: the flag error must come first.
+  missing = str(tmp_path / 'no_data')
+  with pytest.raises(config_lib.ConfigError, match='--lr_decay_epochs.*ascending'):
+    train.make_plan(_config(tmp_path, data_dir=missing, lr_decay_epochs=[5, 2]))
+  with pytest.raises(config_lib.ConfigError, match='learning rate must be > 0'):
+    train.make_plan(_config(tmp_path, data_dir=missing, learning_rate=0.0))
 
 
 def test_restart_with_another_model_is_refused(tmp_path, generated_dir):

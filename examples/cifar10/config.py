@@ -14,7 +14,7 @@ import tempfile
 from typing import List, Optional
 
 import towerlib
-from examples.cifar10 import input_pipeline, models
+from examples.cifar10 import input_pipeline, models, schedule
 
 CONFIG_FILE = 'train_config.json'
 OPTIMIZERS = ('sgd', 'momentum')
@@ -109,6 +109,12 @@ def check(config: TrainConfig) -> List[str]:
   if config.ema_decay is not None and not 0 < config.ema_decay < 1:
     raise ConfigError('--ema_decay=%r: use a value in (0, 1), e.g. 0.999, or leave it '
                       'unset for no moving average.' % config.ema_decay)
+  try:
+    schedule.check_settings(config.learning_rate, config.lr_decay_epochs,
+                            config.lr_decay_factor, config.warmup_epochs)
+  except ValueError as e:
+    raise ConfigError('Learning-rate flags (--learning_rate, --lr_decay_epochs, '
+                      '--lr_decay_factor, --warmup_epochs): %s' % e) from e
   if not 0 < config.bn_momentum < 1:
     raise ConfigError('--bn_momentum=%r: use a value in (0, 1).' % config.bn_momentum)
   if config.max_steps < 1 and config.train_epochs <= 0:

@@ -76,6 +76,27 @@ def epochs_to_steps(epochs: float, examples_per_epoch: int, global_batch_size: i
   return int(round(epochs * steps_per_epoch(examples_per_epoch, global_batch_size)))
 
 
+def check_settings(base_rate: float, decay_epochs: Sequence[float], decay_factor: float,
+                   warmup_epochs: float) -> List[float]:
+  """Checks the schedule's settings; returns decay_epochs as floats.
+
+  Raises:
+    ValueError: with what is wrong, for a bad rate, factor or epoch list.
+  """
+  if not base_rate > 0:
+    raise ValueError('The learning rate must be > 0, got %r.' % base_rate)
+  if not 0 < decay_factor <= 1:
+    raise ValueError('The learning-rate decay factor must be in (0, 1], got %r.' %
+                     decay_factor)
+  decay_epochs = [float(e) for e in decay_epochs]
+  if any(e <= 0 for e in decay_epochs) or decay_epochs != sorted(decay_epochs):
+    raise ValueError('Learning-rate decay epochs must be positive and ascending, got %s.' %
+                     decay_epochs)
+  if warmup_epochs < 0:
+    raise ValueError('warmup_epochs must be >= 0, got %r.' % warmup_epochs)
+  return decay_epochs
+
+
 def make_schedule(base_rate: float, global_batch_size: int, examples_per_epoch: int,
                   decay_epochs: Sequence[float] = (), decay_factor: float = 0.1,
                   warmup_epochs: float = 0.0, scale_with_batch: bool = False
@@ -95,17 +116,7 @@ def make_schedule(base_rate: float, global_batch_size: int, examples_per_epoch: 
   Raises:
     ValueError: with what is wrong, for a bad rate, factor or epoch list.
   """
-  if not base_rate > 0:
-    raise ValueError('The learning rate must be > 0, got %r.' % base_rate)
-  if not 0 < decay_factor <= 1:
-    raise ValueError('The learning-rate decay factor must be in (0, 1], got %r.' %
-                     decay_factor)
-  decay_epochs = [float(e) for e in decay_epochs]
-  if any(e <= 0 for e in decay_epochs) or decay_epochs != sorted(decay_epochs):
-    raise ValueError('Learning-rate decay epochs must be positive and ascending, got %s.' %
-                     decay_epochs)
-  if warmup_epochs < 0:
-    raise ValueError('warmup_epochs must be >= 0, got %r.' % warmup_epochs)
+  decay_epochs = check_settings(base_rate, decay_epochs, decay_factor, warmup_epochs)
   if scale_with_batch:
     base_rate *= global_batch_size / REFERENCE_BATCH_SIZE
   return LearningRateSchedule(

@@ -62,13 +62,10 @@ def make_plan(config: config_lib.TrainConfig) -> TrainPlan:
       config.data_dir, config.train_dir, config.download, config.download_url,
       log=logger.info)
   examples = train_files.num_examples
-  try:
-    lr_schedule = schedule.make_schedule(
-        config.learning_rate, config.global_batch_size, examples,
-        decay_epochs=config.lr_decay_epochs, decay_factor=config.lr_decay_factor,
-        warmup_epochs=config.warmup_epochs, scale_with_batch=config.scale_lr_with_batch)
-  except ValueError as e:
-    raise config_lib.ConfigError('Learning-rate flags: %s' % e) from e
+  lr_schedule = schedule.make_schedule(  # its settings were checked by config_lib.check
+      config.learning_rate, config.global_batch_size, examples,
+      decay_epochs=config.lr_decay_epochs, decay_factor=config.lr_decay_factor,
+      warmup_epochs=config.warmup_epochs, scale_with_batch=config.scale_lr_with_batch)
   max_steps = config.max_steps
   if config.train_epochs > 0:
     max_steps = max(1, schedule.epochs_to_steps(config.train_epochs, examples,
