@@ -109,7 +109,8 @@ def test_tensorboards_own_reader_loads_the_events(short_run):
   assert accumulator.Scalars('learning_rate')[-1].value == pytest.approx(0.1)
 
 
-def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path):
+def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path, caplog):
+  caplog.set_level(logging.INFO, logger='cifar10')
   config, _, _ = short_run
   copy_dir = str(tmp_path / 'restarted')
   shutil.copytree(config.train_dir, copy_dir)
@@ -119,6 +120,8 @@ def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path):
   assert result.start_step == SHORT_RUN_STEPS
   assert result.global_step == SHORT_RUN_STEPS + 10
   assert train.checkpoint_step(copy_dir) == SHORT_RUN_STEPS + 10
+  assert 'Resuming from the checkpoint in %s at global step %d.' % (
+      copy_dir, SHORT_RUN_STEPS) in caplog.messages
   # Asking again for a step already reached trains nothing.
   again = train.train(restarted)
   assert again.start_step == again.global_step == SHORT_RUN_STEPS + 10

@@ -158,13 +158,13 @@ def train(config: config_lib.TrainConfig) -> TrainResult:
         save_summaries_steps=config.save_summaries_steps,
         examples_per_step=config.global_batch_size)
     seconds = time.time() - start
-  steps = (global_step or start_step) - start_step
+  end_step = global_step if global_step is not None else start_step
   logger.info('Trained from global step %d to %d in %.1f s (%.1f examples/sec overall, '
-              'graph start-up included); checkpoints in %s.', start_step,
-              global_step or start_step, seconds,
-              steps * config.global_batch_size / max(seconds, 1e-9), config.train_dir)
-  return TrainResult(global_step or start_step, start_step,
-                     None if loss is None else float(loss), seconds, plan)
+              'graph start-up included); checkpoints in %s.', start_step, end_step, seconds,
+              (end_step - start_step) * config.global_batch_size / max(seconds, 1e-9),
+              config.train_dir)
+  return TrainResult(end_step, start_step, None if loss is None else float(loss), seconds,
+                     plan)
 
 
 def configure_logging():
