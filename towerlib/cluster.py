@@ -219,7 +219,8 @@ def cluster_from_flags(ps_hosts="", worker_hosts="", job_name="", task_index=0):
     if job_name not in (PS_JOB, WORKER_JOB):
         raise ValueError(
             f"--job_name={job_name!r}: use 'ps' or 'worker' (worker 0 is the chief).")
-    return _validated({PS_JOB: ps, WORKER_JOB: workers}, job_name, task_index, "flags")
+    return _validated({PS_JOB: ps, WORKER_JOB: workers}, job_name, task_index,
+                      "cluster flags")
 
 
 def cluster_from_tf_config(tf_config):
@@ -415,6 +416,8 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
         with tf.control_dependencies(None):
             self.replica_step_op = super().apply_gradients(grads_and_vars, global_step, name)
             self.aggregation_op = self.get_chief_queue_runner().enqueue_ops[0]
+        # Run by SyncReplicasInitHook; marked so graphs built but never run stay quiet.
+        getattr(self.ready_for_local_init_op, "mark_used", lambda: None)()
         parts = [self.replica_step_op]
         if self.is_chief:
             parts.append(self.aggregation_op)
