@@ -163,3 +163,15 @@ def test_restarted_chief_resumes_from_its_last_checkpoint(processes, tmp_path):
     assert f"finished: global_step={steps}" in restarted_log
     assert f"finished: global_step={steps}" in processes.log_text("worker1")
     assert checkpoint_values(train_dir)["global_step"] == steps
+
+
+def test_missing_tasks_make_the_others_give_up_with_clear_errors(processes, tmp_path):
+    # Only the ps and worker 1 come up: worker 1 waits for a chief that never
+    # initializes the model, the ps for workers that never finish.
+    flags = cluster_flags(tmp_path / "train", 3)
+    processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=4"])
+    processes.start("worker1", worker_flags(flags, 1) + ["--wait_for_chief_secs=2"])
+    assert processes.wait("worker1", 60) != 0
+    assert "The chief has not initialized the model after 2 s" in processes.log_text("worker1")
+    assert processes.wait("ps", 60) != 0
+    assert "only 0 of 2 replicas finished within 4.0 s" in processes.log_text("ps")
