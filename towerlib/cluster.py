@@ -34,7 +34,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import tensorflow as tf
 
@@ -425,13 +425,18 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
             return tf.group(*parts, name="sync_replicas_step")
 
     def make_session_run_hook(self, is_chief=None, num_tokens=0):
-        is_chief = self.is_chief if is_chief is None else is_chief
+        """The SyncReplicasInitHook for this replica (built for chief or not)."""
+        if is_chief is not None and is_chief != self.is_chief:
+            raise ValueError(
+                f"This optimizer was built for a {'chief' if self.is_chief else 'non-chief'} "
+                "replica (the chief's step also aggregates); build the graph with "
+                "the right cluster instead of overriding is_chief.")
         if num_tokens != 0:
             raise ValueError(
                 "SyncReplicasTowerOptimizer hands out no tokens before the first "
                 "step (num_tokens=0); extra tokens let one replica push twice per "
                 "step.")
-        return SyncReplicasInitHook(self, is_chief)
+        return SyncReplicasInitHook(self, self.is_chief)
 
 
 class SyncReplicasInitHook(tf.compat.v1.train.SessionRunHook):
