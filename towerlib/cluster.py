@@ -614,14 +614,15 @@ def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=
     and alone writes checkpoints and summaries there (train_dir must be on a
     file system every ps task can write: the checkpoint is sharded per ps).
     Other replicas wait for it, then join; a restarted replica rejoins the same
-    way. At the end each replica tells the ps tasks it is done
-    (`report_done`), so that `run_parameter_server` can return.
+    way. When training ends normally each replica tells the ps tasks it is
+    done (`report_done`), so that `run_parameter_server` can return.
 
     Args:
       sync_graph: from build_sync_train_graph.
       server: this task's server (start_server).
       train_dir, max_steps, hooks, **run_kwargs: as for towerlib.run_training.
       wait_for_chief_secs: how long a non-chief waits for initialization.
+      report_done: add a ReportDoneHook.
 
     Returns:
       (global_step, loss) after the last step this replica ran.
@@ -629,38 +630,50 @@ def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=
     cluster = sync_graph.cluster
     if not cluster.is_chief:
         wait_for_chief(server.target, sync_graph.session_config, wait_for_chief_secs)
-    result = trainer_lib.run_training(
-        sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
-        hooks=list(sync_graph.hooks) + list(hooks),
-        session_config=sync_graph.session_config, master=server.target,
-        is_chief=cluster.is_chief, **run_kwargs)
+    all_hooks = list(sync_graph.hooks) + list(hooks)
     if report_done:
-        report_replica_done(cluster, server)
-    return result
+        all_hooks.append(ReportDoneHook(cluster))
+    return trainer_lib.run_training(
+        sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
+        hooks=all_hooks, session_config=sync_graph.session_config,
+        master=server.target, is_chief=cluster.is_chief, **run_kwargs)
 
 
 def _done_queue(ps_task, capacity=1024):
+    """The queue on ps task `ps_task` that replicas put their index in when done."""
     with tf.device(f"/job:{PS_JOB}/task:{ps_task}/device:CPU:0"):
         return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]],
                                   shared_name=f"{_DONE_QUEUE_NAME}_{ps_task}",
                                   name=f"{_DONE_QUEUE_NAME}_{ps_task}")
 
 
-def report_replica_done(cluster, server, timeout_secs=60.0):
-    """Tells every ps task that this replica has finished training."""
-    with tf.Graph().as_default():
-        enqueues = [_done_queue(i).enqueue(cluster.replica_index)
-                    for i in range(cluster.num_ps)]
-        config = tf.compat.v1.ConfigProto(
-            device_filters=[f"/job:{PS_JOB}", cluster.task_device])
-        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
-        with tf.compat.v1.Session(server.target, config=config) as session:
-            try:
-                session.run(enqueues, options=options)
-            except tf.errors.OpError as error:
-                logger.warning("Could not tell the ps tasks that replica %d is done "
-                               "(%s); stop them by hand.", cluster.replica_index,
-                               error.message)
+class ReportDoneHook(tf.compat.v1.train.SessionRunHook):
+    """When training ends normally, tells every ps task this replica is done.
+
+    It runs in the training session itself, after the final checkpoint (the
+    chief's saver hook ends first). A replica that crashes reports nothing; its
+    restarted incarnation reports when it finishes.
+    """
+
+    def __init__(self, cluster, timeout_secs=60.0):
+        self._cluster = cluster
+        self._timeout_secs = timeout_secs
+        self._report = None
+
+    def begin(self):
+        with tf.control_dependencies(None), tf.name_scope("report_done"):
+            self._report = tf.group(*[
+                _done_queue(i).enqueue(self._cluster.replica_index)
+                for i in range(self._cluster.num_ps)])
+
+    def end(self, session):
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._timeout_secs * 1000))
+        try:
+            session.run(self._report, options=options)
+        except tf.errors.OpError as error:
+            logger.warning("Could not tell the ps tasks that replica %d is done (%s); "
+                           "stop them by hand.", self._cluster.replica_index,
+                           error.message)
 
 
 def run_parameter_server(cluster, server=None, timeout_secs=None):
