@@ -126,6 +126,22 @@ class ProcessGroup:
                     f"{timeout_secs:.0f} s.\n" + self.describe(name))
             time.sleep(0.05)
 
+    def wait_for(self, condition, what, timeout_secs, watched):
+        """Waits until `condition()` is truthy while process `watched` runs; returns it."""
+        deadline = time.monotonic() + min(timeout_secs, max(self.remaining(), 0.1))
+        while True:
+            value = condition()
+            if value:
+                return value
+            if self.processes[watched].poll() is not None:
+                raise AssertionError(
+                    f"{watched} exited (code {self.processes[watched].returncode}) "
+                    f"before {what}.\n" + self.describe(watched))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"No {what} within {timeout_secs:.0f} s.\n"
+                                     + self.describe(watched))
+            time.sleep(0.05)
+
     def kill(self, name):
         """SIGKILLs `name`'s whole process group and reaps it."""
         process = self.processes[name]

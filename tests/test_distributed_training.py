@@ -67,6 +67,11 @@ def logged_losses(text):
     return {int(step): float(loss) for step, loss in STEP_LOG.findall(text)}
 
 
+def checkpoint_step(prefix):
+    """'.../model.ckpt-12' -> 12."""
+    return int(prefix.rsplit("-", 1)[1])
+
+
 def last_logged_step(processes, name):
     steps = [int(step) for step, _ in STEP_LOG.findall(processes.log_text(name))]
     return max(steps) if steps else 0
@@ -146,11 +151,15 @@ def test_restarted_chief_resumes_from_its_last_checkpoint(processes, tmp_path):
                           ["--sleep_secs_per_step=0.2", "--save_checkpoint_steps=2"])
     start_cluster(processes, flags)
 
-    processes.wait_for_log("worker0", r"Saving checkpoints for ([4-9]|\d\d+) ", 90)
+    def checkpoint_at_step_4_or_later():
+        checkpoint = tf.train.latest_checkpoint(str(train_dir))
+        return checkpoint if checkpoint and checkpoint_step(checkpoint) >= 4 else None
+
+    processes.wait_for(checkpoint_at_step_4_or_later, "checkpoint at step >= 4", 90,
+                       watched="worker0")
     processes.kill("worker0")
     checkpoint = tf.train.latest_checkpoint(str(train_dir))
-    checkpoint_step = int(checkpoint.rsplit("-", 1)[1])
-    assert 4 <= checkpoint_step < steps - 3, checkpoint
+    assert 4 <= checkpoint_step(checkpoint) < steps - 3, checkpoint
 
     processes.start("worker0", worker_flags(flags, 0))
     wait_all_succeed(processes, ["worker0", "worker1", "ps"], 120)
@@ -159,19 +168,26 @@ def test_restarted_chief_resumes_from_its_last_checkpoint(processes, tmp_path):
     assert f"Restoring parameters from {checkpoint}" in restarted_log
     # The new chief went on from the checkpoint's step, not from 0.
     first_step = int(STEP_LOG.search(restarted_log).group(1))
-    assert first_step == checkpoint_step + 1, restarted_log[-2000:]
+    assert first_step == checkpoint_step(checkpoint) + 1, restarted_log[-2000:]
     assert f"finished: global_step={steps}" in restarted_log
     assert f"finished: global_step={steps}" in processes.log_text("worker1")
     assert checkpoint_values(train_dir)["global_step"] == steps
 
 
 def test_missing_tasks_make_the_others_give_up_with_clear_errors(processes, tmp_path):
-    # Only the ps and worker 1 come up: worker 1 waits for a chief that never
-    # initializes the model, the ps for workers that never finish.
+    # Cluster A: only the ps and worker 1 come up, so worker 1 waits for a
+    # chief that never initializes the model and the ps for workers that
+    # never finish. Cluster B: only its chief comes up, and no ps answers.
     flags = cluster_flags(tmp_path / "train", 3)
     processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=4"])
-    processes.start("worker1", worker_flags(flags, 1) + ["--wait_for_chief_secs=2"])
+    processes.start("worker1", worker_flags(flags, 1) + ["--startup_timeout_secs=2"])
+    lonely_flags = cluster_flags(tmp_path / "lonely", 3)
+    processes.start("lonely_chief", worker_flags(lonely_flags, 0) + ["--startup_timeout_secs=2"])
+
     assert processes.wait("worker1", 60) != 0
-    assert "The chief has not initialized the model after 2 s" in processes.log_text("worker1")
+    assert "The chief has not initialized the model after" in processes.log_text("worker1")
     assert processes.wait("ps", 60) != 0
     assert "only 0 of 2 replicas finished within 4.0 s" in processes.log_text("ps")
+    assert processes.wait("lonely_chief", 60) != 0
+    assert re.search(r"ps task 0 at 127\.0\.0\.1:\d+ did not answer within 2 s",
+                     processes.log_text("lonely_chief")), processes.describe("lonely_chief")

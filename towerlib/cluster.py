@@ -33,6 +33,7 @@ import dataclasses
 import json
 import logging
 import os
+import socket
 import time
 from typing import Any, Dict, Tuple
 
@@ -577,23 +578,88 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
 # Running
 # --------------------------------------------------------------------------
 
-def wait_for_chief(target, config, timeout_secs=600.0, poll_secs=0.5):
-    """Blocks until the chief has initialized (or restored) every global variable.
+def _done_queue(ps_task, capacity=1024):
+    """The queue on ps task `ps_task` that replicas put their index in when done."""
+    with tf.device(f"/job:{PS_JOB}/task:{ps_task}/device:CPU:0"):
+        return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]],
+                                  shared_name=f"{_DONE_QUEUE_NAME}_{ps_task}",
+                                  name=f"{_DONE_QUEUE_NAME}_{ps_task}")
 
-    MonitoredTrainingSession makes a non-chief wait too, but polls every 30 s;
-    this polls every `poll_secs`. Call it before the graph is finalized.
+
+def wait_for_ps_tasks(cluster, timeout_secs=600.0, poll_secs=0.5):
+    """Blocks until every ps task accepts TCP connections on its port.
+
+    TensorFlow's session creation waits for unreachable tasks forever (no
+    RunOptions or ConfigProto timeout reaches it), so replicas check first.
 
     Raises:
-      TimeoutError: when the chief has not initialized within timeout_secs.
+      TimeoutError: naming the ps tasks still unreachable after timeout_secs.
     """
-    uninitialized = tf.compat.v1.report_uninitialized_variables(
-        tf.compat.v1.global_variables())
     deadline = time.time() + timeout_secs
-    options = tf.compat.v1.RunOptions(timeout_in_ms=int(max(poll_secs, 1.0) * 10000))
-    with tf.compat.v1.Session(target, config=config) as session:
+    waiting = dict(enumerate(cluster.jobs[PS_JOB]))
+    while True:
+        for index, address in list(waiting.items()):
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)),
+                                              timeout=max(poll_secs, 0.1)):
+                    del waiting[index]
+            except OSError:
+                pass
+        if not waiting:
+            return
+        if time.time() > deadline:
+            described = ", ".join(f"ps task {i} at {a}" for i, a in waiting.items())
+            raise TimeoutError(
+                f"{described} did not answer within {timeout_secs:.0f} s. Start "
+                "it (--job_name=ps), or fix the ps addresses (--ps_hosts / TF_CONFIG).")
+        time.sleep(poll_secs)
+
+
+class ControlSession:
+    """A small session of one replica beside its training session.
+
+    Opened (and used once) before training, it waits for the chief's
+    initialization and, after training, tells the ps tasks this replica is
+    done. It is never opened after the training session has closed: a new
+    gRPC session created right then crashed the chief once (a segfault inside
+    TensorFlow). Build it before the training session finalizes the graph.
+
+    Args:
+      cluster: this replica's ClusterInfo.
+      target: its server's target.
+      config: its session config (sync_graph.session_config).
+    """
+
+    def __init__(self, cluster, target, config):
+        self.cluster = cluster
+        with tf.name_scope("control"):
+            self._uninitialized = tf.compat.v1.report_uninitialized_variables(
+                tf.compat.v1.global_variables())
+            with tf.control_dependencies(None):
+                self._report_done = tf.group(*[
+                    _done_queue(i).enqueue(cluster.replica_index)
+                    for i in range(cluster.num_ps)])
+        self._session = tf.compat.v1.Session(target, config=config)
+
+    def uninitialized_variables(self, timeout_secs=10.0):
+        """Names of the global variables nobody has initialized yet."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+        return self._session.run(self._uninitialized, options=options)
+
+    def wait_for_chief(self, timeout_secs=600.0, poll_secs=0.5):
+        """Blocks until the chief has initialized (or restored) every global variable.
+
+        MonitoredTrainingSession makes a non-chief wait too, but polls every
+        30 s; this polls every `poll_secs`.
+
+        Raises:
+          TimeoutError: when the chief has not initialized within timeout_secs.
+        """
+        deadline = time.time() + timeout_secs
         while True:
             try:
-                if not len(session.run(uninitialized, options=options)):
+                if not len(self.uninitialized_variables()):
                     return
             except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                     tf.errors.AbortedError):
@@ -604,9 +670,22 @@ def wait_for_chief(target, config, timeout_secs=600.0, poll_secs=0.5):
                     "Is the chief running, and can this task reach every ps task?")
             time.sleep(poll_secs)
 
+    def report_done(self, timeout_secs=60.0):
+        """Tells every ps task this replica has finished (see run_parameter_server)."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+        try:
+            self._session.run(self._report_done, options=options)
+        except tf.errors.OpError as error:
+            logger.warning("Could not tell the ps tasks that replica %d is done (%s); "
+                           "stop them by hand.", self.cluster.replica_index,
+                           error.message)
+
+    def close(self):
+        self._session.close()
+
 
 def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=(),
-                             wait_for_chief_secs=600.0, report_done=True,
+                             startup_timeout_secs=600.0, report_done=True,
                              **run_kwargs):
     """Runs this replica's training until global_step reaches max_steps.
 
@@ -614,66 +693,42 @@ def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=
     and alone writes checkpoints and summaries there (train_dir must be on a
     file system every ps task can write: the checkpoint is sharded per ps).
     Other replicas wait for it, then join; a restarted replica rejoins the same
-    way. When training ends normally each replica tells the ps tasks it is
-    done (`report_done`), so that `run_parameter_server` can return.
+    way. When training has ended normally, final checkpoint included, each
+    replica tells the ps tasks it is done (`report_done`), so that
+    `run_parameter_server` can return.
 
     Args:
       sync_graph: from build_sync_train_graph.
       server: this task's server (start_server).
       train_dir, max_steps, hooks, **run_kwargs: as for towerlib.run_training.
-      wait_for_chief_secs: how long a non-chief waits for initialization.
-      report_done: add a ReportDoneHook.
+      startup_timeout_secs: how long to wait for the ps tasks to answer and,
+        on a non-chief, for the chief to initialize; then TimeoutError.
+      report_done: tell the ps tasks when done.
 
     Returns:
-      (global_step, loss) after the last step this replica ran.
+      What towerlib.run_training returns: (global_step, loss) after the last
+      step this replica ran.
     """
     cluster = sync_graph.cluster
-    if not cluster.is_chief:
-        wait_for_chief(server.target, sync_graph.session_config, wait_for_chief_secs)
-    all_hooks = list(sync_graph.hooks) + list(hooks)
-    if report_done:
-        all_hooks.append(ReportDoneHook(cluster))
-    return trainer_lib.run_training(
-        sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
-        hooks=all_hooks, session_config=sync_graph.session_config,
-        master=server.target, is_chief=cluster.is_chief, **run_kwargs)
-
-
-def _done_queue(ps_task, capacity=1024):
-    """The queue on ps task `ps_task` that replicas put their index in when done."""
-    with tf.device(f"/job:{PS_JOB}/task:{ps_task}/device:CPU:0"):
-        return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]],
-                                  shared_name=f"{_DONE_QUEUE_NAME}_{ps_task}",
-                                  name=f"{_DONE_QUEUE_NAME}_{ps_task}")
-
-
-class ReportDoneHook(tf.compat.v1.train.SessionRunHook):
-    """When training ends normally, tells every ps task this replica is done.
-
-    It runs in the training session itself, after the final checkpoint (the
-    chief's saver hook ends first). A replica that crashes reports nothing; its
-    restarted incarnation reports when it finishes.
-    """
-
-    def __init__(self, cluster, timeout_secs=60.0):
-        self._cluster = cluster
-        self._timeout_secs = timeout_secs
-        self._report = None
-
-    def begin(self):
-        with tf.control_dependencies(None), tf.name_scope("report_done"):
-            self._report = tf.group(*[
-                _done_queue(i).enqueue(self._cluster.replica_index)
-                for i in range(self._cluster.num_ps)])
-
-    def end(self, session):
-        options = tf.compat.v1.RunOptions(timeout_in_ms=int(self._timeout_secs * 1000))
-        try:
-            session.run(self._report, options=options)
-        except tf.errors.OpError as error:
-            logger.warning("Could not tell the ps tasks that replica %d is done (%s); "
-                           "stop them by hand.", self._cluster.replica_index,
-                           error.message)
+    with sync_graph.train_graph.train_op.graph.as_default():
+        control = ControlSession(cluster, server.target, sync_graph.session_config)
+    try:
+        started = time.time()
+        wait_for_ps_tasks(cluster, startup_timeout_secs)
+        if cluster.is_chief:
+            control.uninitialized_variables()  # opens the session before training
+        else:
+            control.wait_for_chief(max(startup_timeout_secs - (time.time() - started), 1.0))
+        result = trainer_lib.run_training(
+            sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
+            hooks=list(sync_graph.hooks) + list(hooks),
+            session_config=sync_graph.session_config, master=server.target,
+            is_chief=cluster.is_chief, **run_kwargs)
+        if report_done:
+            control.report_done()
+        return result
+    finally:
+        control.close()
 
 
 def run_parameter_server(cluster, server=None, timeout_secs=None):

@@ -55,9 +55,9 @@ flags.DEFINE_float("sleep_secs_per_step", 0.0,
                    "Pause after each step, to watch (or kill and restart) a run.")
 flags.DEFINE_float("ps_timeout_secs", 0.0,
                    "A ps gives up after this long (0: waits for every worker).")
-flags.DEFINE_float("wait_for_chief_secs", 600.0,
-                   "A non-chief worker gives up if the chief has not initialized "
-                   "the model within this long.")
+flags.DEFINE_float("startup_timeout_secs", 600.0,
+                   "A worker gives up if the ps tasks do not answer (or, for a "
+                   "non-chief, the chief has not initialized the model) within this long.")
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 3)
@@ -143,7 +143,7 @@ def train_replica(cluster):
             bn_mode=FLAGS.bn_mode, device_function=placer, global_step=global_step)
         return cluster_lib.run_distributed_training(
             sync_graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
-            hooks=extra_hooks(), wait_for_chief_secs=FLAGS.wait_for_chief_secs,
+            hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
             log_every_n_steps=FLAGS.log_every_n_steps,
             save_checkpoint_steps=FLAGS.save_checkpoint_steps,
             examples_per_step=FLAGS.global_batch_size)
