@@ -20,10 +20,14 @@ global batch of B examples: the same step one process would take with every
 tower. (Unequal replica batches weight each replica equally, not each
 example; see docs/distributed.md.)
 
-Two departures from the stock SyncReplicasOptimizer recipe, both for
-exactness and a clean end (see `SyncReplicasTowerOptimizer`): the chief runs
-the aggregation inside its own training step instead of in a background
-queue-runner thread, and no tokens are handed out before the first step.
+Three departures from the stock SyncReplicasOptimizer recipe, for exactness
+and a clean end (see `SyncReplicasTowerOptimizer`): the chief runs the
+aggregation inside its own training step instead of in a background
+queue-runner thread, no tokens are handed out before the first step, and the
+batch-norm updates stay off the synchronization ops.
+
+A ps task exits once every replica has reported done (`run_parameter_server`),
+instead of blocking in server.join() forever.
 
 Library code reads no flags: scripts pass flag values to `cluster_from_flags`
 or let `resolve_cluster` fall back to the TF_CONFIG environment variable.
