@@ -81,7 +81,11 @@ def test_two_workers_train_like_one_process_with_four_towers(processes, tmp_path
     steps = 3
     model_flags = ["--batch_norm", "--bn_mode=first_tower"]
     flags = cluster_flags(tmp_path / "distributed", steps, model_flags)
-    start_cluster(processes, flags)
+    processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=120"])
+    processes.start("worker0", worker_flags(flags, 0))
+    # Worker 1 gets a train_dir of its own, to show that it writes nothing.
+    processes.start("worker1", worker_flags(flags, 1) + [
+        f"--train_dir={tmp_path / 'worker1_dir'}"])
     processes.start("reference", [
         f"--train_dir={tmp_path / 'reference'}", f"--max_steps={steps}",
         f"--global_batch_size={GLOBAL_BATCH}", "--log_every_n_steps=1",
@@ -91,6 +95,11 @@ def test_two_workers_train_like_one_process_with_four_towers(processes, tmp_path
     # both workers have reported done.
     wait_all_succeed(processes, ["worker0", "worker1", "reference", "ps"], 120)
     assert "every worker is done" in processes.log_text("ps")
+    # The chief alone writes checkpoints and summaries.
+    assert not (tmp_path / "worker1_dir").exists() or not any(
+        (tmp_path / "worker1_dir").iterdir())
+    assert any(p.name.startswith("events.out.tfevents")
+               for p in (tmp_path / "distributed").iterdir())
 
     distributed = checkpoint_values(tmp_path / "distributed")
     reference = checkpoint_values(tmp_path / "reference")
