@@ -720,7 +720,11 @@ def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=
         started = time.time()
         wait_for_ps_tasks(cluster, startup_timeout_secs)
         if cluster.is_chief:
-            control.uninitialized_variables()  # opens the session before training
+            try:
+                control.uninitialized_variables()  # opens the session before training
+            except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as error:
+                logger.warning("The control session did not open before training "
+                               "(%s); it will when reporting done.", error.message)
         else:
             control.wait_for_chief(max(startup_timeout_secs - (time.time() - started), 1.0))
         result = trainer_lib.run_training(
