@@ -191,7 +191,8 @@ def test_missing_tasks_make_the_others_give_up_with_clear_errors(processes, tmp_
     processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=4"])
     processes.start("worker1", worker_flags(flags, 1) + ["--startup_timeout_secs=2"])
     lonely_flags = cluster_flags(tmp_path / "lonely", 3)
-    processes.start("lonely_chief", worker_flags(lonely_flags, 0) + ["--startup_timeout_secs=2"])
+    processes.start("lonely_chief",
+                    worker_flags(lonely_flags, 0) + ["--startup_timeout_secs=2"])
 
     assert processes.wait("worker1", 60) != 0
     assert "The chief has not initialized the model after" in processes.log_text("worker1")
