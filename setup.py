@@ -14,5 +14,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["towerlib", "towerlib.*"]),
     python_requires=">=3.9",
     install_requires=["tensorflow>=2.15", "numpy", "absl-py"],
-    extras_require={"test": ["pytest"]},
+    extras_require={"test": ["pytest", "tensorboard"]},
 )

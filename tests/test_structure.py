@@ -196,3 +196,15 @@ def test_run_training_resumes_from_the_last_checkpoint(tmp_path):
     step, _, steps_run = train_until(5)
     assert (step, steps_run) == (5, 2)  # continued from step 3, not from 0
     assert tf.train.latest_checkpoint(train_dir).endswith("-5")
+
+
+def test_summary_tags_are_exact_even_when_op_names_collide():
+    with tf.Graph().as_default():
+        tf.constant(0.1, name="learning_rate")
+        tf.constant(0.0, name="loss")
+        build(2, tower_fn=helpers.conv_dense_model, learning_rate=0.1)
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            summary = tf.compat.v1.Summary.FromString(
+                session.run(tf.compat.v1.summary.merge_all()))
+    assert {"loss", "learning_rate"} <= {v.tag for v in summary.value}

@@ -17,7 +17,13 @@ from towerlib.inputs import split_global_batch
 from towerlib.summaries import strip_tower_prefix, tower_scalar
 from towerlib.towers import Tower, TowerModel, build_towers
 from towerlib.train_graph import TrainGraph, build_train_graph, ema_restore_map
-from towerlib.trainer import StepLogger, run_training
+from towerlib.trainer import StepLogger, TrainingResult, run_training
+from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
+from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
+                                  check_record_files)
+from towerlib.determinism import seed_everything
+from towerlib.guards import NonFiniteError, guard_numerics
+from towerlib.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
 
@@ -28,4 +34,12 @@ __all__ = [
     "pooled_statistics", "run_training", "session_config",
     "split_global_batch", "strip_tower_prefix", "tower_devices",
     "tower_scalar", "variable_placer",
+]
+
+# Faults: crash-safe checkpoints, NaN guard, validation, determinism (issue 7).
+__all__ += [
+    "CheckpointError", "ConfigError", "ConfigProblem", "DataError",
+    "NonFiniteError", "TrainingResult", "assert_finite", "assert_labels_in_range",
+    "check_record_files", "find_restorable_checkpoint", "guard_numerics",
+    "seed_everything", "validate_config",
 ]

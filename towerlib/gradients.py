@@ -1,8 +1,9 @@
 """Aggregating per-tower gradients into one gradient per variable.
 
 Each tower differentiates its loss already weighted by its share of the global
-batch, so the aggregate is a plain sum, computed on the variable's own device
-(no gradient travels further than it has to). Dense gradients are added;
+batch, so the aggregate is a plain sum, computed on the variable's own device,
+or on tower 0's device when the variable lives on another task (a parameter
+server): no gradient travels further than it has to. Dense gradients are added;
 `IndexedSlices` (embedding lookups, gathers) are concatenated and stay sparse,
 so a large embedding table never gets a dense gradient.
 """
@@ -44,6 +45,21 @@ def sum_gradients(gradients):
     return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
 
 
+def _aggregation_device(variable, gradients):
+    """Where one variable's tower gradients are summed.
+
+    On the variable's device, unless the variable lives on another task than
+    the towers (a parameter server): then on tower 0's device, so that one
+    summed gradient per variable leaves the machine, not one per tower.
+    """
+    var_spec = tf.DeviceSpec.from_string(variable.device or "")
+    grad_spec = tf.DeviceSpec.from_string(gradients[0].device or "")
+    if (var_spec.job and grad_spec.job
+            and (var_spec.job, var_spec.task) != (grad_spec.job, grad_spec.task)):
+        return gradients[0].device
+    return variable.device
+
+
 def aggregate_gradients(tower_grads_and_vars):
     """One (gradient, variable) pair per variable from every tower's list.
 
@@ -80,6 +96,6 @@ def aggregate_gradients(tower_grads_and_vars):
                     "Variable %s has no gradient in any tower; it is left out of "
                     "the update. Check that it feeds the loss.", var.name)
                 continue
-            with tf.device(var.device):
+            with tf.device(_aggregation_device(var, grads)):
                 aggregated.append((sum_gradients(grads), var))
     return aggregated

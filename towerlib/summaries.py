@@ -18,6 +18,21 @@ def strip_tower_prefix(name):
     return _TOWER_PREFIX.sub(r"\1", name)
 
 
+def scalar_summary(tag, value, collections=None):
+    """A scalar summary tagged exactly `tag`.
+
+    tf.compat.v1.summary.scalar derives the tag from a unique op name, so a
+    second 'learning_rate' op in the graph would turn the tag into
+    'learning_rate_1' and split the TensorBoard curve.
+    """
+    with tf.name_scope("summaries"):
+        summary = tf.raw_ops.ScalarSummary(
+            tags=tf.constant(tag), values=tf.cast(value, tf.float32))
+    for collection in collections or [tf.compat.v1.GraphKeys.SUMMARIES]:
+        tf.compat.v1.add_to_collection(collection, summary)
+    return summary
+
+
 def tower_scalar(ctx, name, value):
     """Records a per-tower scalar (say accuracy) for one merged summary.
 
@@ -30,7 +45,7 @@ def tower_scalar(ctx, name, value):
     if value.shape.rank not in (None, 0):
         raise ValueError(f"tower_scalar {name!r} needs a scalar, got shape {value.shape}.")
     if ctx.records is None:
-        tf.compat.v1.summary.scalar(strip_tower_prefix(name), value)
+        scalar_summary(strip_tower_prefix(name), value)
     else:
         ctx.records.add_scalar(strip_tower_prefix(name), ctx.index, value)
 
@@ -53,5 +68,5 @@ def merge_tower_scalars(records, tower_shares, collections=None):
         merged[name] = tf.add_n(
             [share * tf.cast(value, tf.float32) for share, (_, value) in zip(shares, values)]
         ) / total_share
-        tf.compat.v1.summary.scalar(name, merged[name], collections=collections)
+        scalar_summary(name, merged[name], collections=collections)
     return merged

@@ -223,11 +223,11 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     if summaries:
         with tf.device(host):
             scalars = summaries_lib.merge_tower_scalars(records, shares)
-            tf.compat.v1.summary.scalar("loss", loss)
-            tf.compat.v1.summary.scalar("total_loss", total_loss)
-            tf.compat.v1.summary.scalar("regularization_loss", regularization_loss)
+            summaries_lib.scalar_summary("loss", loss)
+            summaries_lib.scalar_summary("total_loss", total_loss)
+            summaries_lib.scalar_summary("regularization_loss", regularization_loss)
             if learning_rate is not None:
-                tf.compat.v1.summary.scalar("learning_rate", learning_rate)
+                summaries_lib.scalar_summary("learning_rate", learning_rate)
 
     return TrainGraph(
         train_op=train_op, loss=loss, total_loss=total_loss,

@@ -1,13 +1,28 @@
-"""Running the training step: a MonitoredTrainingSession loop.
+"""Running the training step: a MonitoredSession loop that survives faults.
 
-The session restores the latest checkpoint in `train_dir` when there is one,
-so a restarted job continues from its last saved global step.
+The loop is what `MonitoredTrainingSession` assembles (a chief session
+creator, step, summary and checkpoint hooks), with towerlib's pieces in
+place of TensorFlow's where a fault would cost work:
+
+- checkpoints are written crash-safe and restored from the newest complete
+  one (towerlib.checkpoints), so a restarted job continues from its last
+  saved global step even after a SIGKILL in the middle of a save;
+- SIGINT/SIGTERM finish the step, save and return (towerlib.stopping);
+- a non-finite tower loss stops training with an error naming the step and
+  the tower, before anything of that step is saved (towerlib.guards);
+- the options are validated together first (towerlib.validation).
 """
 
+import collections
 import logging
 import time
 
 import tensorflow as tf
+
+from towerlib import checkpoints
+from towerlib import guards
+from towerlib import stopping
+from towerlib import validation
 
 logger = logging.getLogger("towerlib")
 
@@ -27,11 +42,19 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
 
     Rates are measured over the steps since the previous log line, so the
     first line (which includes graph warm-up) is the only slow one.
+
+    The step number: a plain fetch of `global_step` next to the train op may
+    read it before or after the op's increment (nothing orders the two), so
+    give `step_after_update`, a read of the step made after the update
+    (`step_after_update(train_graph)`); without it the hook assumes the read
+    came first and adds 1, which is off by one when it did not.
     """
 
-    def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None):
+    def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None,
+                 step_after_update=None):
         self.loss = loss
         self.global_step = global_step
+        self.step_after_update = step_after_update
         self.every_n_steps = max(1, int(every_n_steps))
         self.examples_per_step = examples_per_step
         self.last_loss = None
@@ -44,12 +67,15 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         self._steps_since_log += 1
-        return tf.compat.v1.train.SessionRunArgs([self.loss, self.global_step])
+        step = (self.step_after_update if self.step_after_update is not None
+                else self.global_step)
+        return tf.compat.v1.train.SessionRunArgs([self.loss, step])
 
     def after_run(self, run_context, run_values):
         self.last_loss, self.last_step = run_values.results
-        # global_step was read before the update it ran with.
-        self.last_step += 1
+        self.last_step = int(self.last_step)
+        if self.step_after_update is None:
+            self.last_step += 1
         if self.last_step % self.every_n_steps and self._steps_since_log < self.every_n_steps:
             return
         now = time.time()
@@ -63,48 +89,166 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
         self._last_time = now
 
 
+def step_after_update(train_graph):
+    """int64 scalar: `global_step` read after `train_graph.train_op` has run.
+
+    Fetch it with the train op to know which step that run produced.
+    """
+    with train_graph.train_op.graph.as_default(), tf.name_scope("step_after_update"), \
+            tf.control_dependencies([train_graph.train_op]):
+        global_step = train_graph.global_step
+        value = global_step.read_value() if hasattr(global_step, "read_value") else global_step
+        return tf.identity(value)
+
+
+class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "loss"])):
+    """(global_step, loss) after the last step run, as run_training returned before.
+
+    Attributes:
+      global_step: the global step after the last update (None if no step ran).
+      loss: the loss of that step (None if no step ran).
+      stop_signal: 'SIGINT' or 'SIGTERM' when a signal stopped training, else None.
+      checkpoint: the prefix of the newest checkpoint written, or None.
+    """
+
+    stop_signal = None
+    checkpoint = None
+
+
+def _session_creator(scaffold, master, session_config, is_chief, restore_from):
+    if is_chief:
+        return tf.compat.v1.train.ChiefSessionCreator(
+            scaffold=scaffold, master=master, config=session_config,
+            checkpoint_filename_with_path=restore_from)
+    return tf.compat.v1.train.WorkerSessionCreator(
+        scaffold=scaffold, master=master, config=session_config)
+
+
+class _SessionKeeper(tf.compat.v1.train.SessionRunHook):
+    """Keeps the raw session, to read a guard's flags after a failed step."""
+
+    session = None
+
+    def after_create_session(self, session, coord):
+        self.session = session
+
+
 def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  session_config=None, master="", is_chief=True,
                  log_every_n_steps=100, save_checkpoint_steps=None,
                  save_checkpoint_secs=None, save_summaries_steps=100,
-                 examples_per_step=None, scaffold=None):
+                 examples_per_step=None, scaffold=None,
+                 max_checkpoints_to_keep=5,
+                 stop_on_signals=stopping.DEFAULT_SIGNALS):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
-      train_graph: a TrainGraph from build_train_graph.
+      train_graph: a TrainGraph from build_train_graph (with
+        `towerlib.guard_numerics(optimizer)` a non-finite step's update is
+        never applied; without it, it is applied in memory but never saved).
       train_dir: checkpoints and TensorBoard events go here; training resumes
-        from the latest checkpoint found in it.
+        from the newest complete checkpoint found in it.
       max_steps: the global step to stop at (not a count of new steps).
-      hooks: extra SessionRunHooks.
+      hooks: extra SessionRunHooks (they run before the checkpoint hook, so
+        one raising in after_run prevents that step's save).
       session_config: e.g. towerlib.session_config(num_towers).
-      master, is_chief: for distributed training; the chief alone writes.
+      master, is_chief: for distributed training; the chief alone restores
+        and writes.
       save_checkpoint_steps / save_checkpoint_secs: how often to checkpoint
-        (default every 1000 steps); a final checkpoint is always written.
+        (at most one of them; default every 1000 steps); a checkpoint is also
+        written at the start and at the end (after max_steps or a signal).
       save_summaries_steps: how often to write summaries (None: never).
       examples_per_step: the global batch size, for examples/sec.
+      scaffold: a tf.compat.v1.train.Scaffold (e.g. with its own saver).
+      max_checkpoints_to_keep: how many of the newest checkpoints to keep.
+      stop_on_signals: signals that stop training cleanly with a final
+        checkpoint (default SIGINT and SIGTERM); () to leave signals alone.
 
     Returns:
-      (global_step, loss) after the last step run.
+      TrainingResult: (global_step, loss) after the last step run, also
+      telling which signal stopped training, if any.
+
+    Raises:
+      towerlib.ConfigError: bad options, all listed, before anything runs.
+      towerlib.NonFiniteError: a tower's loss (or gradient) was NaN or Inf.
+      towerlib.CheckpointError: train_dir has checkpoints, none restorable.
     """
-    if not isinstance(max_steps, int) or max_steps < 0:
-        raise ValueError(f"max_steps must be an int >= 0, got {max_steps!r}.")
-    if not train_dir:
-        raise ValueError("train_dir is empty: give a directory for checkpoints and "
-                         "summaries.")
+    validation.validate_config(
+        train_dir=train_dir, max_steps=max_steps, required=("train_dir", "max_steps"),
+        save_checkpoint_steps=save_checkpoint_steps,
+        save_checkpoint_secs=save_checkpoint_secs,
+        save_summaries_steps=save_summaries_steps, log_every_n_steps=log_every_n_steps,
+        examples_per_step=examples_per_step,
+        max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
+        is_chief=is_chief, session_config=session_config)
     if save_checkpoint_steps is None and save_checkpoint_secs is None:
         save_checkpoint_steps = 1000
     _ensure_log_output()
+    train_dir = str(train_dir)
+    graph = train_graph.train_op.graph
+    scaffold = scaffold or tf.compat.v1.train.Scaffold()
+
+    restore_from = None
+    if is_chief:
+        tf.io.gfile.makedirs(train_dir)
+        restore_from = checkpoints.prepare_restore(train_dir)
+
+    # Built before the session finalizes the graph.
+    step_after = step_after_update(train_graph)
     step_logger = StepLogger(train_graph.loss, train_graph.global_step,
-                             log_every_n_steps, examples_per_step)
+                             log_every_n_steps, examples_per_step,
+                             step_after_update=step_after)
+    numerics_guards = guards.guards_of(graph)
+    session_keeper = _SessionKeeper()
     all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
-                 step_logger] + list(hooks)
-    with tf.compat.v1.train.MonitoredTrainingSession(
-            master=master, is_chief=is_chief, checkpoint_dir=train_dir,
-            scaffold=scaffold, hooks=all_hooks, config=session_config,
-            save_checkpoint_steps=save_checkpoint_steps,
-            save_checkpoint_secs=save_checkpoint_secs,
-            save_summaries_steps=save_summaries_steps,
-            save_summaries_secs=None, log_step_count_steps=None) as session:
-        while not session.should_stop():
-            session.run(train_graph.train_op)
-    return step_logger.last_step, step_logger.last_loss
+                 step_logger, session_keeper]
+    if not numerics_guards:
+        all_hooks.append(guards.NonFiniteLossHook(
+            train_graph.tower_losses, step_after, train_graph.devices))
+    all_hooks.extend(hooks)
+    signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
+    if signal_hook is not None:
+        all_hooks.append(signal_hook)
+    checkpoint_hook = None
+    if is_chief:
+        if save_summaries_steps:
+            tf.compat.v1.summary.FileWriterCache.get(train_dir).add_graph(graph)
+            all_hooks.append(tf.compat.v1.train.SummarySaverHook(
+                save_steps=save_summaries_steps, output_dir=train_dir,
+                scaffold=scaffold))
+        # Last: every check of a step runs before that step can be saved.
+        checkpoint_hook = checkpoints.CrashSafeSaverHook(
+            train_dir, scaffold, save_steps=save_checkpoint_steps,
+            save_secs=save_checkpoint_secs, max_to_keep=max_checkpoints_to_keep)
+        all_hooks.append(checkpoint_hook)
+
+    def last_checkpoint():
+        return checkpoint_hook.last_saved if checkpoint_hook else None
+
+    try:
+        with graph.as_default(), tf.compat.v1.train.MonitoredSession(
+                session_creator=_session_creator(scaffold, master, session_config,
+                                                 is_chief, restore_from),
+                hooks=all_hooks) as session:
+            while not session.should_stop():
+                try:
+                    session.run(train_graph.train_op)
+                except tf.errors.InvalidArgumentError as error:
+                    guard = next((g for g in numerics_guards if g.is_guard_error(error)),
+                                 None)
+                    if guard is None:
+                        raise
+                    failure = guard.failure(session_keeper.session)
+                    raise failure.with_last_checkpoint(last_checkpoint()) from error
+                except guards.NonFiniteError as error:
+                    raise error.with_last_checkpoint(last_checkpoint()) from None
+    finally:
+        if signal_hook is not None:
+            signal_hook.uninstall()
+    result = TrainingResult(step_logger.last_step, step_logger.last_loss)
+    result.checkpoint = last_checkpoint()
+    if signal_hook is not None and signal_hook.received is not None:
+        result.stop_signal = signal_hook.received_name
+        logger.warning("Training stopped by %s at step %s; checkpoint %s.",
+                       result.stop_signal, result.global_step, result.checkpoint)
+    return result

@@ -1,0 +1,168 @@
+r"""Synchronous multi-worker training of a small convnet with towerlib.
+
+Every process runs this script. One machine, one ps and two workers, two
+virtual CPU towers each (start the chief, worker 0, first or together):
+
+  python examples/distributed/train.py --job_name=ps --task_index=0 \
+      --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2223,127.0.0.1:2224
+  python examples/distributed/train.py --job_name=worker --task_index=0 \
+      --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 \
+      --num_towers=2 --train_dir=/tmp/dist_train
+  python examples/distributed/train.py --job_name=worker --task_index=1 \
+      --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 \
+      --num_towers=2 --train_dir=/tmp/dist_train
+
+Without cluster flags (and without TF_CONFIG) it trains in one process on
+--num_towers towers: the same global batches, the same updates.
+
+The data is synthetic and deterministic: a fixed table of --num_examples
+random 8x8x3 images with labels; step s uses rows (s * B + j) mod N for
+j < B = --global_batch_size, and replica r of R takes its contiguous share
+of those rows, so any cluster layout sees the same global batch per step.
+"""
+
+import time
+
+from absl import app
+from absl import flags
+import numpy as np
+import tensorflow as tf
+
+import towerlib
+from towerlib import cluster as cluster_lib
+from towerlib import inputs as inputs_lib
+from towerlib import layers
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the ps tasks.")
+flags.DEFINE_string("worker_hosts", "", "Comma-separated host:port of the workers.")
+flags.DEFINE_string("job_name", "", "'ps' or 'worker'; empty for one machine.")
+flags.DEFINE_integer("task_index", 0, "This task's index within its job.")
+flags.DEFINE_integer("num_towers", 2, "Towers (GPUs or virtual CPUs) per worker.")
+flags.DEFINE_string("device_type", None, "'cpu', 'gpu', or unset for GPUs when present.")
+flags.DEFINE_integer("global_batch_size", 16, "Examples per step over all workers.")
+flags.DEFINE_integer("num_examples", 256, "Size of the synthetic data table.")
+flags.DEFINE_integer("max_steps", 20, "Global step to stop at.")
+flags.DEFINE_float("learning_rate", 0.1, "SGD learning rate.")
+flags.DEFINE_bool("batch_norm", False, "Add batch norm after the convolution.")
+flags.DEFINE_string("bn_mode", "first_tower", "'first_tower' or 'all_towers'.")
+flags.DEFINE_string("train_dir", "/tmp/towerlib_distributed", "Checkpoints and events.")
+flags.DEFINE_integer("save_checkpoint_steps", 100, "Checkpoint every this many steps.")
+flags.DEFINE_integer("log_every_n_steps", 1, "Log every this many steps.")
+flags.DEFINE_integer("seed", 0, "Seed of the data table.")
+flags.DEFINE_float("sleep_secs_per_step", 0.0,
+                   "Pause after each step, to watch (or kill and restart) a run.")
+flags.DEFINE_float("ps_timeout_secs", 0.0,
+                   "A ps gives up after this long (0: waits for every worker).")
+flags.DEFINE_float("startup_timeout_secs", 600.0,
+                   "A worker gives up if the ps tasks do not answer (or, for a "
+                   "non-chief, the chief has not initialized the model) within this long.")
+
+NUM_CLASSES = 10
+IMAGE_SHAPE = (8, 8, 3)
+
+
+def model(inputs, ctx):
+    """[n, 8, 8, 3] images, [n] int labels -> mean cross-entropy over the n."""
+    images, labels = inputs
+    h = layers.conv2d(
+        images, 8, 3, name="conv1", use_bias=not FLAGS.batch_norm,
+        kernel_initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.2, seed=1))
+    if FLAGS.batch_norm:
+        h = towerlib.batch_norm(h, ctx, name="bn1", momentum=0.9)
+    h = layers.max_pool2d(tf.nn.relu(h), 2, 2)
+    logits = layers.dense(
+        layers.flatten(h), NUM_CLASSES, name="logits",
+        kernel_initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+
+
+def replica_batch(global_step, replica_index, num_replicas):
+    """This replica's rows of step `global_step`'s global batch.
+
+    Returns (images [n_r, 8, 8, 3] float32, labels [n_r] int32), where n_r is
+    replica r's share of the global batch (shares differ by at most one).
+    """
+    rng = np.random.RandomState(FLAGS.seed)
+    table_images = tf.constant(
+        rng.normal(size=(FLAGS.num_examples,) + IMAGE_SHAPE).astype(np.float32))
+    table_labels = tf.constant(
+        rng.randint(0, NUM_CLASSES, size=FLAGS.num_examples).astype(np.int32))
+    sizes = inputs_lib.shard_sizes(FLAGS.global_batch_size, num_replicas)
+    start = sum(sizes[:replica_index])
+    offsets = np.arange(start, start + sizes[replica_index], dtype=np.int64)
+    rows = (tf.cast(global_step, tf.int64) * FLAGS.global_batch_size + offsets) \
+        % FLAGS.num_examples
+    return tf.gather(table_images, rows), tf.gather(table_labels, rows)
+
+
+class PauseHook(tf.compat.v1.train.SessionRunHook):
+    """Sleeps after every step, so a person (or a test) can act mid-run."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def after_run(self, run_context, run_values):
+        time.sleep(self.seconds)
+
+
+def extra_hooks():
+    return [PauseHook(FLAGS.sleep_secs_per_step)] if FLAGS.sleep_secs_per_step > 0 else []
+
+
+def train_one_machine():
+    with tf.Graph().as_default():
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        train_graph = towerlib.build_train_graph(
+            model, replica_batch(global_step, 0, 1),
+            tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
+            devices=towerlib.tower_devices(FLAGS.num_towers, FLAGS.device_type),
+            bn_mode=FLAGS.bn_mode, global_step=global_step)
+        return towerlib.run_training(
+            train_graph, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
+            session_config=towerlib.session_config(FLAGS.num_towers),
+            hooks=extra_hooks(), log_every_n_steps=FLAGS.log_every_n_steps,
+            save_checkpoint_steps=FLAGS.save_checkpoint_steps,
+            examples_per_step=FLAGS.global_batch_size)
+
+
+def train_replica(cluster):
+    server = cluster_lib.start_server(cluster, FLAGS.num_towers)
+    with tf.Graph().as_default():
+        placer = cluster_lib.ParameterServerPlacer(cluster)
+        with tf.compat.v1.device(placer):
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            inputs = replica_batch(global_step, cluster.replica_index,
+                                   cluster.num_replicas)
+        sync_graph = cluster_lib.build_sync_train_graph(
+            model, inputs,
+            tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
+            cluster, num_towers=FLAGS.num_towers, device_type=FLAGS.device_type,
+            bn_mode=FLAGS.bn_mode, device_function=placer, global_step=global_step)
+        return cluster_lib.run_distributed_training(
+            sync_graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
+            hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
+            log_every_n_steps=FLAGS.log_every_n_steps,
+            save_checkpoint_steps=FLAGS.save_checkpoint_steps,
+            examples_per_step=FLAGS.global_batch_size)
+
+
+def main(argv):
+    del argv
+    cluster = cluster_lib.resolve_cluster(
+        FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)
+    if cluster is None:
+        step, loss = train_one_machine()
+    elif cluster.is_ps:
+        cluster_lib.run_parameter_server(cluster, timeout_secs=FLAGS.ps_timeout_secs or None)
+        print(f"ps task {cluster.task_index}: every worker is done, exiting.", flush=True)
+        return
+    else:
+        step, loss = train_replica(cluster)
+    print(f"finished: global_step={step} loss={loss:.6f}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
