@@ -9,10 +9,10 @@ once, in a rotating order, so that load from other processes on the machine
 spreads over the modes instead of landing on one. Reports the median seconds
 per step of each mode and its ratio to first_tower.
 
-The ResNet-20 (He et al. 2016, CIFAR variant: 3 stages of 3 basic blocks,
-16/32/64 channels, 21 batch-norm layers with the projection shortcuts) is
-built here from towerlib layers, since the CIFAR example's model is not in
-the library. Data are random: only the time matters.
+The model is the CIFAR example's (examples/cifar10/models.py): ResNet-20 by
+default (He et al. 2016, CIFAR variant: 3 stages of 3 basic blocks, 16/32/64
+channels, 21 batch-norm layers counting the projection shortcuts). Data are
+random: only the time matters.
 
 Not a test: numbers depend on the machine and on whatever else it runs.
 """
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from towerlib import layers  # noqa: E402
+from examples.cifar10.models import make_model  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("towers", ["2", "4", "8"], "Tower counts to measure.")
@@ -45,40 +45,7 @@ flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per graph first.")
 flags.DEFINE_integer("repetitions", 5, "Interleaved timed repetitions.")
 flags.DEFINE_integer("steps_per_repetition", 4, "Steps timed per repetition.")
 flags.DEFINE_enum("param_device", "cpu", ["cpu", "gpu"], "Where variables live.")
-flags.DEFINE_integer("blocks_per_stage", 3, "3 gives ResNet-20 (6n + 2 layers).")
-
-
-class CifarResNet(towerlib.TowerModel):
-    """[B, 32, 32, 3] images, 10 classes; pre-2016 (post-activation) ResNet."""
-
-    def __init__(self, blocks_per_stage=3):
-        self.blocks_per_stage = blocks_per_stage
-
-    def _conv_bn(self, x, ctx, filters, kernel, stride, name):
-        x = layers.conv2d(
-            x, filters, kernel, strides=stride, use_bias=False, weight_decay=1e-4, name=name
-        )
-        return towerlib.batch_norm(x, ctx, name=name + "_bn", momentum=0.9, epsilon=1e-5)
-
-    def _block(self, x, ctx, filters, stride, name):
-        shortcut = x
-        if stride != 1 or x.shape[-1] != filters:
-            shortcut = self._conv_bn(x, ctx, filters, 1, stride, name + "/project")
-        h = tf.nn.relu(self._conv_bn(x, ctx, filters, 3, stride, name + "/conv1"))
-        h = self._conv_bn(h, ctx, filters, 3, 1, name + "/conv2")
-        return tf.nn.relu(h + shortcut)
-
-    def build(self, inputs, ctx):
-        images, labels = inputs
-        h = tf.nn.relu(self._conv_bn(images, ctx, 16, 3, 1, "stem"))
-        for stage, filters in enumerate((16, 32, 64)):
-            for block in range(self.blocks_per_stage):
-                stride = 2 if stage > 0 and block == 0 else 1
-                h = self._block(h, ctx, filters, stride, f"stage{stage}/block{block}")
-        logits = layers.dense(layers.global_avg_pool2d(h), 10, name="logits")
-        return tf.reduce_mean(
-            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-        )
+flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.")
 
 
 class ModeRun:
@@ -92,7 +59,7 @@ class ModeRun:
             images = tf.constant(rng.rand(FLAGS.global_batch, 32, 32, 3).astype(np.float32))
             labels = tf.constant(rng.randint(0, 10, FLAGS.global_batch).astype(np.int32))
             train = towerlib.build_train_graph(
-                CifarResNet(FLAGS.blocks_per_stage),
+                make_model(FLAGS.model),
                 (images, labels),
                 tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
                 num_towers=num_towers,
@@ -142,7 +109,7 @@ def main(argv):
     del argv
     baseline = FLAGS.modes[0]
     print(
-        f"CIFAR ResNet-{6 * FLAGS.blocks_per_stage + 2}, global batch "
+        f"CIFAR {FLAGS.model}, global batch "
         f"{FLAGS.global_batch}, param_device={FLAGS.param_device}, towers on "
         f"{towerlib.tower_devices(1)[0].split(':')[-2].split('/')[-1]} "
         f"devices, {os.cpu_count()} cores; median of {FLAGS.repetitions} "
