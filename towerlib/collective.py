@@ -390,7 +390,7 @@ class CrossTowerReducer:
             + ", ".join(f"tower {t}: {n}" for t, n in enumerate(counts))
             + f". Tower {short_tower} never made reduction #{fewest} "
             f"({first_missing.describe()}, made by tower {long_tower}), so that "
-            "collective would wait for it until it times out. Every tower must "
+            "collective would wait for it forever (or until a deadline). Every tower must "
             "call the synchronized layers (e.g. batch_norm with "
             "bn_mode='sync') the same number of times in the same order; do not "
             "make them depend on ctx.index or ctx.is_first."
