@@ -276,6 +276,51 @@ def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_si
     np.testing.assert_allclose(normalized.std(0), 1.0, rtol=1e-2)
 
 
+@pytest.mark.parametrize("dtype,axis", [("float16", -1), ("float32", 1)])
+def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
+    """float16 inputs get float32 statistics; NCHW (axis=1) reduces N, H, W."""
+    rng = np.random.RandomState(1)
+    shard_sizes = [3, 2]
+    shape = [sum(shard_sizes), 4, 3, 3]  # channels at axis 1 or -1
+    x = (5.0 + rng.randn(*shape)).astype(dtype)
+    starts = np.cumsum([0, *shard_sizes])
+    channel_axis = axis % len(shape)
+    with tf.Graph().as_default():
+        reducer = CrossTowerReducer(cpu_devices(2))
+
+        def forward(_, ctx):
+            shard = tf.constant(x[starts[ctx.index] : starts[ctx.index + 1]])
+            return {"y": towerlib.batch_norm(shard, ctx, name="bn", axis=axis)}
+
+        towers, records = towerlib.build_towers(
+            forward,
+            lambda ctx: tf.zeros([shard_sizes[ctx.index]]),
+            devices=cpu_devices(2),
+            is_training=True,
+            bn_mode="sync",
+            cross_tower=reducer,
+            require_loss=False,
+        )
+        stats = records.batch_norm["bn"]
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            means, variances, outputs = sess.run(
+                [
+                    [s.mean for s in stats],
+                    [s.variance for s in stats],
+                    [t.outputs["y"] for t in towers],
+                ]
+            )
+    axes = tuple(a for a in range(len(shape)) if a != channel_axis)
+    x64 = x.astype(np.float64)
+    for mean, variance in zip(means, variances):
+        assert mean.dtype == np.float32 and mean.shape == (shape[channel_axis],)
+        np.testing.assert_allclose(mean, x64.mean(axes), rtol=1e-6)
+        np.testing.assert_allclose(variance, x64.var(axes), rtol=1e-5)
+    assert outputs[0].dtype == np.dtype(dtype)
+    assert outputs[0].shape == (shard_sizes[0], *shape[1:])
+
+
 def test_inference_uses_moving_statistics_without_collectives_on_one_tower():
     with tf.Graph().as_default() as graph:
         data = batches(8, steps=1)[0]
