@@ -208,3 +208,21 @@ def test_summary_tags_are_exact_even_when_op_names_collide():
             summary = tf.compat.v1.Summary.FromString(
                 session.run(tf.compat.v1.summary.merge_all()))
     assert {"loss", "learning_rate"} <= {v.tag for v in summary.value}
+
+
+def test_run_training_with_sync_batch_norm_bounds_each_step(tmp_path, monkeypatch):
+    """run_training turns on the partial-fetch check and a step deadline for sync."""
+    from towerlib import collective
+
+    seen_configs = []
+    original = collective.bounded_session_config
+    monkeypatch.setattr(collective, "bounded_session_config",
+                        lambda config, seconds: seen_configs.append(seconds)
+                        or original(config, seconds))
+    with tf.Graph().as_default():
+        train = build(2, bn_mode="sync")
+        step, loss = towerlib.run_training(
+            train, train_dir=str(tmp_path), max_steps=2,
+            session_config=towerlib.session_config(2), collective_timeout_secs=120)
+    assert step == 2 and np.isfinite(loss)
+    assert seen_configs == [120]

@@ -763,7 +763,8 @@ _TIMEOUT_MARKERS = ("Collective has timed out", "Collective ops is aborted")
 _RUN_DEADLINE_MARKER = "Timed out waiting for notification"
 
 
-def _has_towerlib_collectives(graph) -> bool:
+def has_towerlib_collectives(graph) -> bool:
+    """Whether `graph` holds cross-tower collectives (bn_mode='sync')."""
     return any(
         op.type in ("CollectiveReduce", "CollectiveGather") and "_cross_tower_" in op.name
         for op in graph.get_operations()
@@ -798,7 +799,7 @@ def explain_collective_errors(graph: Optional[tf.Graph] = None):
                 f"Cross-tower collective {node} did not complete: it waited "
                 "for the other towers longer than its timeout."
             )
-        elif _RUN_DEADLINE_MARKER in text and _has_towerlib_collectives(graph):
+        elif _RUN_DEADLINE_MARKER in text and has_towerlib_collectives(graph):
             opening = (
                 "session.run hit its deadline (RunOptions.timeout_in_ms or "
                 "ConfigProto.operation_timeout_in_ms) in a graph with "

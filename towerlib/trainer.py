@@ -20,6 +20,7 @@ import time
 import tensorflow as tf
 
 from towerlib import checkpoints
+from towerlib import collective
 from towerlib import guards
 from towerlib import stopping
 from towerlib import validation
@@ -139,7 +140,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  save_checkpoint_secs=None, save_summaries_steps=100,
                  examples_per_step=None, scaffold=None,
                  max_checkpoints_to_keep=5,
-                 stop_on_signals=stopping.DEFAULT_SIGNALS):
+                 stop_on_signals=stopping.DEFAULT_SIGNALS,
+                 collective_timeout_secs=collective.DEFAULT_TIMEOUT_SECONDS):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
@@ -163,6 +165,10 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       max_checkpoints_to_keep: how many of the newest checkpoints to keep.
       stop_on_signals: signals that stop training cleanly with a final
         checkpoint (default SIGINT and SIGTERM); () to leave signals alone.
+      collective_timeout_secs: with bn_mode='sync', the deadline of one step
+        (unless session_config sets operation_timeout_in_ms), so that a
+        collective left waiting for a tower ends in a CollectiveTimeoutError
+        instead of a hang; keep it above the slowest legitimate step.
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -202,6 +208,13 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     session_keeper = _SessionKeeper()
     all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
                  step_logger, session_keeper]
+    uses_collectives = collective.has_towerlib_collectives(graph)
+    if uses_collectives:
+        # Sync batch norm: refuse a partial fetch, bound a step that waits.
+        all_hooks.append(collective.CollectiveFetchCheckHook())
+        if not (session_config and session_config.operation_timeout_in_ms):
+            session_config = collective.bounded_session_config(
+                session_config, collective_timeout_secs)
     if not numerics_guards:
         all_hooks.append(guards.NonFiniteLossHook(
             train_graph.tower_losses, step_after, train_graph.devices))
@@ -226,7 +239,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         return checkpoint_hook.last_saved if checkpoint_hook else None
 
     try:
-        with graph.as_default(), tf.compat.v1.train.MonitoredSession(
+        with graph.as_default(), collective.explain_collective_errors(graph), \
+                tf.compat.v1.train.MonitoredSession(
                 session_creator=_session_creator(scaffold, master, session_config,
                                                  is_chief, restore_from),
                 hooks=all_hooks) as session:
