@@ -194,7 +194,7 @@ def check_cluster(
         )
     if per_worker < towers_per_worker:
         raise ConfigError(
-            "--global_batch_size=%d gives each of the %d workers %d examples per step, "
+            "--global_batch_size=%d gives each of the %d workers %d example(s) per step, "
             "fewer than its %d towers: every tower needs at least one. Use "
             "--global_batch_size >= %d, or fewer --num_towers."
             % (
