@@ -65,7 +65,7 @@ def check_saved_model(
 
 
 def refuse_cluster(tf_config: str) -> None:
-    """The main job trains on one machine: a cluster in TF_CONFIG is refused, not ignored."""
+    """The main job trains on one machine: a cluster in TF_CONFIG is refused."""
     try:
         cluster = cluster_lib.cluster_from_tf_config(tf_config)
     except ValueError:
