@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import towerlib
 from examples.cifar10 import input_pipeline, models, schedule
+from towerlib import cluster as cluster_lib
 
 CONFIG_FILE = "train_config.json"
 OPTIMIZERS = ("sgd", "momentum")
@@ -151,6 +152,60 @@ def check(config: TrainConfig) -> List[str]:
             "--train_dir is empty: give a folder for checkpoints and summaries."
         )
     return devices
+
+
+def check_cluster(
+    config: TrainConfig, cluster: cluster_lib.ClusterInfo, towers_per_worker: int
+) -> int:
+    """Checks the settings that depend on the cluster; returns each worker's batch.
+
+    Every worker trains on global_batch_size / workers examples per step, so that one
+    synchronous step is the mean over the whole global batch, as on one machine.
+
+    Raises:
+      ConfigError: naming the flag, its value, and what would work.
+    """
+    workers = cluster.num_replicas
+    if config.param_device != "cpu":
+        raise ConfigError(
+            "--param_device=%s: in a cluster the variables live on the ps tasks (placed "
+            "by byte size), not on a worker's devices. Leave --param_device at its "
+            "default (cpu); it only matters on one machine." % config.param_device
+        )
+    try:
+        cluster_lib.check_bn_mode_for_cluster(config.bn_mode, cluster)
+    except ValueError as e:
+        raise ConfigError("--bn_mode=%s: %s" % (config.bn_mode, e)) from e
+    per_worker, rest = divmod(config.global_batch_size, workers)
+    if rest:
+        lower = config.global_batch_size - rest
+        raise ConfigError(
+            "--global_batch_size=%d does not divide over the %d workers of this cluster: "
+            "each worker trains on global_batch_size / workers examples per step (equal "
+            "shares keep one step the mean over the global batch). Use a multiple of %d, "
+            "e.g. %s%d."
+            % (
+                config.global_batch_size,
+                workers,
+                workers,
+                "%d or " % lower if lower else "",
+                lower + workers,
+            )
+        )
+    if per_worker < towers_per_worker:
+        raise ConfigError(
+            "--global_batch_size=%d gives each of the %d workers %d example(s) per step, "
+            "fewer than its %d towers: every tower needs at least one. Use "
+            "--global_batch_size >= %d, or fewer --num_towers."
+            % (
+                config.global_batch_size,
+                workers,
+                per_worker,
+                towers_per_worker,
+                workers * towers_per_worker,
+            )
+        )
+    return per_worker
 
 
 def save(config: TrainConfig, train_dir: str) -> str:

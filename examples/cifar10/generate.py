@@ -21,7 +21,7 @@ gives byte-identical files.
 import os
 import shutil
 import tempfile
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -186,33 +186,56 @@ def generate(
             data.write_records(os.path.join(staging, name), images, labels)
         with open(os.path.join(staging, "batches.meta.txt"), "w") as f:
             f.write("\n".join(GENERATED_CLASS_NAMES) + "\n")
+        description = _describe(seed, train_per_file, test_examples)
         with open(os.path.join(staging, data.GENERATED_MARKER), "w") as f:
-            f.write(_describe(seed, train_per_file, test_examples))
-        if os.path.exists(destination):
+            f.write(description)
+        if overwrite and os.path.exists(destination):
             shutil.rmtree(destination)
-        os.rename(staging, destination)
+        try:
+            os.rename(staging, destination)
+        except OSError:
+            # Another process installed its copy while this one wrote (say, two workers
+            # of a cluster sharing one train_dir). With the same arguments it holds the
+            # same bytes: keep it, never delete a folder that someone may be reading.
+            if overwrite or _marker_text(destination) != description:
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return destination
 
 
+def _marker_text(batches_dir: str) -> Optional[str]:
+    """The generator's description in ``batches_dir``, or None when there is none."""
+    try:
+        with open(os.path.join(batches_dir, data.GENERATED_MARKER)) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def ensure_generated(data_dir: str, **kwargs) -> str:
     """Returns ``data_dir/cifar-10-batches-bin``, generating it first if it is not there.
 
     An existing folder is reused only when it was generated (has the marker file); a folder
-    with anything else in it is left alone and reported, never overwritten.
+    with anything else in it is left alone and reported, never overwritten. Several
+    processes may call it at once on the same folder (the workers of a cluster sharing a
+    train_dir): one copy is installed and the others reuse it.
     """
     destination = os.path.join(data_dir, data.BATCHES_DIR)
-    if os.path.isdir(destination):
-        if not os.path.isfile(os.path.join(destination, data.GENERATED_MARKER)):
-            raise data.DataError(
-                "%r exists but was not written by the generator (no %s in it); not "
-                "touching it. Fix: pass it as --data_dir to train on it, or choose another "
-                "folder." % (destination, data.GENERATED_MARKER)
-            )
-        return destination
-    return generate(data_dir, **kwargs)
+    if not os.path.isdir(destination):
+        try:
+            return generate(data_dir, **kwargs)
+        except FileExistsError:
+            pass  # another process installed it after the check above: look at it
+    if not os.path.isfile(os.path.join(destination, data.GENERATED_MARKER)):
+        raise data.DataError(
+            "%r exists but was not written by the generator (no %s in it); not "
+            "touching it. Fix: pass it as --data_dir to train on it, or choose another "
+            "folder." % (destination, data.GENERATED_MARKER)
+        )
+    return destination
 
 
 def main():

@@ -2,7 +2,9 @@
 
 Both pipelines yield ``(images float32 [B, 32, 32, 3], labels int32 [B])``, where ``B`` is
 the GLOBAL batch: towerlib splits it across the towers, so the input side does not know or
-care how many towers there are, and one element is one optimizer step.
+care how many towers there are, and one element is one optimizer step. In a cluster each
+worker reads its own shard of the training records and ``B`` is its share of the global
+batch (global batch / workers); one element is still one step.
 
 Both training augmentations keep the 32x32 size (the original tutorial cropped to 24x24),
 so the evaluation input is the untouched image and both models see the same input shape:
@@ -72,34 +74,72 @@ def check_augmentation(name: str) -> None:
         )
 
 
+def train_records(split_files: data.SplitFiles, num_shards: int = 1, shard_index: int = 0):
+    """The training records (image uint8, label int32) this process reads, in file order.
+
+    With ``num_shards`` > 1 (one shard per worker of a cluster), every ``num_shards``-th
+    record starting at ``shard_index``: the shards are disjoint, cover the split, and differ
+    in size by at most one record. Sharding comes before the cache and the shuffle, so each
+    worker keeps and shuffles only its own records.
+    """
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(
+            "shard_index must be in 0..%d for %d shards, got %d"
+            % (num_shards - 1, num_shards, shard_index)
+        )
+    dataset = data.records_dataset(split_files.paths)
+    if num_shards > 1:
+        dataset = dataset.shard(num_shards, shard_index)
+    return dataset
+
+
+def shard_size(num_examples: int, num_shards: int, shard_index: int) -> int:
+    """Records in shard ``shard_index`` of ``num_shards`` (as ``train_records`` splits)."""
+    return len(range(shard_index, num_examples, num_shards))
+
+
 def train_dataset(
     split_files: data.SplitFiles,
-    global_batch_size: int,
+    batch_size: int,
     augmentation: str = "tutorial",
     seed: Optional[int] = None,
     shuffle_buffer: int = SHUFFLE_BUFFER,
+    num_shards: int = 1,
+    shard_index: int = 0,
 ):
-    """The endless, shuffled, augmented training stream in global batches.
+    """The endless, shuffled, augmented training stream, one optimizer step per element.
 
     Args:
       split_files: the validated training files (data.validate_split(dir, 'train')).
-      global_batch_size: examples per element = per optimizer step, over all towers.
+      batch_size: examples per element: the global batch on one machine (towerlib splits
+        it over the towers), this worker's share of it in a cluster.
       augmentation: 'tutorial' or 'resnet'.
       seed: seeds the shuffle order (augmentation randomness stays op-seeded by the graph).
       shuffle_buffer: examples in the shuffle window.
+      num_shards, shard_index: read only this shard of the records (see train_records):
+        in a cluster, the number of workers and this worker's index.
 
     Returns:
-      A dataset of (images float32 [global_batch_size, 32, 32, 3], labels int32
-      [global_batch_size]); the batch dimension is static (a partial batch at the end of an
-      epoch cannot happen because the stream repeats, and drop_remainder makes that static).
+      A dataset of (images float32 [batch_size, 32, 32, 3], labels int32 [batch_size]);
+      the batch dimension is static (a partial batch at the end of an epoch cannot happen
+      because the stream repeats, and drop_remainder makes that static).
     """
     check_augmentation(augmentation)
-    if global_batch_size < 1:
-        raise ValueError("global_batch_size must be >= 1, got %d" % global_batch_size)
+    if batch_size < 1:
+        raise ValueError(
+            "batch_size (the global_batch_size, or a worker's share of it) must be "
+            ">= 1, got %d" % batch_size
+        )
     augment = _AUGMENT_FNS[augmentation]
-    dataset = data.records_dataset(split_files.paths).cache()
+    records = shard_size(split_files.num_examples, num_shards, shard_index)
+    if records < 1:
+        raise ValueError(
+            "Shard %d of %d of %d training examples is empty."
+            % (shard_index, num_shards, split_files.num_examples)
+        )
+    dataset = train_records(split_files, num_shards, shard_index).cache()
     dataset = dataset.shuffle(
-        min(shuffle_buffer, split_files.num_examples),
+        min(shuffle_buffer, records),
         seed=seed,
         reshuffle_each_iteration=True,
     ).repeat()
@@ -108,7 +148,7 @@ def train_dataset(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=False,
     )
-    dataset = dataset.batch(global_batch_size, drop_remainder=True)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 

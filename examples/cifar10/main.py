@@ -23,7 +23,8 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from examples.cifar10 import data, eval as eval_lib, export as export_lib  # noqa: E402
-from examples.cifar10 import options, train  # noqa: E402
+from examples.cifar10 import config as config_lib, options, train  # noqa: E402
+from towerlib import cluster as cluster_lib  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 
@@ -61,6 +62,21 @@ def check_saved_model(
             correct += int(np.sum(classes.numpy() == labels[start : start + batch_size]))
             total += len(labels[start : start + batch_size])
     return correct / total
+
+
+def refuse_cluster(tf_config: str) -> None:
+    """The main job trains on one machine: a cluster in TF_CONFIG is refused."""
+    try:
+        cluster = cluster_lib.cluster_from_tf_config(tf_config)
+    except ValueError:
+        cluster = True  # malformed, but meant for a cluster all the same
+    if cluster is not None:
+        raise config_lib.ConfigError(
+            "TF_CONFIG describes a cluster, but examples.cifar10.main trains on this "
+            "machine only. Fix: run examples.cifar10.train on every task of the cluster "
+            "(docs/distributed.md), then examples.cifar10.eval and .export on the chief's "
+            "--train_dir; or unset TF_CONFIG."
+        )
 
 
 def run(config) -> dict:
@@ -102,6 +118,7 @@ def main(argv):
         )
 
     def body():
+        refuse_cluster(os.environ.get("TF_CONFIG", ""))
         config = options.train_config_from_flags()
         figures = run(config)
         seconds = figures["seconds"]

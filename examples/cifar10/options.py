@@ -10,6 +10,7 @@ from absl import flags
 
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import download
+from towerlib import cluster as cluster_lib
 
 FLAGS = flags.FLAGS
 _DEFAULTS = config_lib.TrainConfig()
@@ -190,6 +191,53 @@ def define_train_flags():
         "Write TensorBoard summaries this often.",
     )
     _define(flags.DEFINE_integer, "seed", None, "Graph-level random seed (unset: random).")
+
+
+def define_cluster_flags():
+    """Training on several machines (train.py only; see docs/distributed.md)."""
+    _define(
+        flags.DEFINE_string,
+        "ps_hosts",
+        "",
+        "Comma-separated host:port of the parameter-server tasks. Empty (with "
+        "--worker_hosts and --job_name, and no TF_CONFIG): train on this machine only.",
+    )
+    _define(
+        flags.DEFINE_string,
+        "worker_hosts",
+        "",
+        "Comma-separated host:port of the worker tasks; worker 0 is the chief.",
+    )
+    _define(flags.DEFINE_string, "job_name", "", "This task's job: ps or worker.")
+    _define(flags.DEFINE_integer, "task_index", 0, "This task's index within its job.")
+    _define(
+        flags.DEFINE_float,
+        "startup_timeout_secs",
+        600.0,
+        "A worker gives up when the ps tasks do not answer (or, for a non-chief, the "
+        "chief has not initialized the model) within this long.",
+    )
+    _define(
+        flags.DEFINE_float,
+        "ps_timeout_secs",
+        0.0,
+        "A ps task gives up when the workers have not all finished within this long "
+        "(0: it waits for them as long as it takes).",
+    )
+
+
+def cluster_from_flags():
+    """The cluster that the cluster flags or TF_CONFIG describe; None on one machine.
+
+    Raises:
+      ConfigError: a malformed or contradictory description, naming what to fix.
+    """
+    try:
+        return cluster_lib.resolve_cluster(
+            FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index
+        )
+    except (ValueError, TypeError) as e:
+        raise config_lib.ConfigError(str(e)) from e
 
 
 def define_eval_flags():

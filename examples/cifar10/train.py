@@ -9,6 +9,20 @@ Logs step, loss, examples/sec and sec/batch; writes TensorBoard summaries (loss,
 loss, learning rate, training precision) and checkpoints to --train_dir, and a restarted
 run continues from the last checkpoint's global step. Without --data_dir it trains on the
 built-in generated data set and says so.
+
+On a cluster (--ps_hosts, --worker_hosts, --job_name, --task_index, or TF_CONFIG) every
+task runs this script with the same flags: a ps task serves the variables until every
+worker is done; each worker trains its towers on its own shard of the training data with
+global_batch_size / workers examples per step, synchronously (one global step per global
+batch, as on one machine); worker 0, the chief, alone writes train_dir. One ps and two
+workers on one machine (docs/distributed.md):
+
+    HOSTS="--ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2223,127.0.0.1:2224"
+    python -m examples.cifar10.train $HOSTS --job_name=ps --task_index=0 &
+    python -m examples.cifar10.train $HOSTS --job_name=worker --task_index=0 \
+        --num_towers=2 --train_dir=/tmp/cifar10_dist &
+    python -m examples.cifar10.train $HOSTS --job_name=worker --task_index=1 \
+        --num_towers=2 --train_dir=/tmp/cifar10_dist &
 """
 
 import dataclasses
@@ -22,6 +36,7 @@ import tensorflow as tf
 import towerlib
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, data_source, download, input_pipeline, options, schedule
+from towerlib import cluster as cluster_lib
 
 logger = logging.getLogger("cifar10")
 
@@ -40,6 +55,27 @@ class TrainPlan:
     test_files: data.SplitFiles
     max_steps: int
     lr_schedule: schedule.LearningRateSchedule
+    # In a cluster: this worker's task; None on one machine.
+    cluster: Optional[cluster_lib.ClusterInfo] = None
+    # Examples this process reads per step: the global batch on one machine, this
+    # worker's share of it (global batch / workers) in a cluster. 0: the global batch.
+    batch_size: int = 0
+
+    def __post_init__(self):
+        self.batch_size = self.batch_size or self.config.global_batch_size
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this process writes train_dir (always, on one machine)."""
+        return self.cluster is None or self.cluster.is_chief
+
+    @property
+    def num_shards(self) -> int:
+        return 1 if self.cluster is None else self.cluster.num_replicas
+
+    @property
+    def shard_index(self) -> int:
+        return 0 if self.cluster is None else self.cluster.replica_index
 
 
 @dataclasses.dataclass
@@ -51,13 +87,27 @@ class TrainResult:
     plan: TrainPlan
 
 
-def make_plan(config: config_lib.TrainConfig) -> TrainPlan:
+def make_plan(
+    config: config_lib.TrainConfig, cluster: Optional[cluster_lib.ClusterInfo] = None
+) -> TrainPlan:
     """Checks the flags, prepares and validates the data, and derives the schedule.
+
+    Args:
+      config: the run's settings.
+      cluster: this worker's task in a cluster (not a ps task); None on one machine.
 
     Raises:
       ConfigError, DataError, DownloadError: a problem the user can fix, with the fix.
     """
     devices = config_lib.check(config)
+    batch_size = config.global_batch_size
+    if cluster is not None:
+        if cluster.is_ps:
+            raise ValueError("A ps task does not train; run serve_parameters(cluster).")
+        batch_size = config_lib.check_cluster(config, cluster, len(devices))
+        devices = cluster_lib.tower_devices(
+            cluster, config.num_towers or None, config.device_type
+        )
     config_lib.check_compatible_with_saved(config)
     data_dir, train_files, test_files = data_source.prepare(
         config.data_dir,
@@ -66,6 +116,7 @@ def make_plan(config: config_lib.TrainConfig) -> TrainPlan:
         config.download_url,
         log=logger.info,
     )
+    # The schedule counts global steps, one per GLOBAL batch, whatever the cluster.
     examples = train_files.num_examples
     lr_schedule = schedule.make_schedule(  # its settings were checked by config_lib.check
         config.learning_rate,
@@ -92,7 +143,38 @@ def make_plan(config: config_lib.TrainConfig) -> TrainPlan:
         test_files=test_files,
         max_steps=max_steps,
         lr_schedule=lr_schedule,
+        cluster=cluster,
+        batch_size=batch_size,
     )
+
+
+def _inputs_and_optimizer(plan: TrainPlan):
+    """The global step, this process's batch, the learning rate and the optimizer, built
+    on the host CPU (in a cluster: under the ps placer, so the step lands on a ps task and
+    the input on this worker).
+
+    Returns:
+      (global_step, (images, labels), learning-rate tensor, optimizer).
+    """
+    config = plan.config
+    with tf.device("/device:CPU:0"):
+        global_step = tf.compat.v1.train.get_or_create_global_step()
+        with tf.name_scope("input"):
+            dataset = input_pipeline.train_dataset(
+                plan.train_files,
+                plan.batch_size,
+                config.resolved_augmentation(),
+                seed=config.seed,
+                num_shards=plan.num_shards,
+                shard_index=plan.shard_index,
+            )
+            images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        learning_rate = plan.lr_schedule.tensor(global_step)
+        if config.optimizer == "momentum":
+            optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, config.momentum)
+        else:
+            optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
+    return global_step, (images, labels), learning_rate, optimizer
 
 
 def build_training(plan: TrainPlan):
@@ -102,24 +184,11 @@ def build_training(plan: TrainPlan):
       (towerlib.TrainGraph, learning-rate tensor).
     """
     config = plan.config
+    if plan.cluster is not None:
+        raise ValueError("build_training is for one machine; use build_replica_training.")
     if config.seed is not None:
         tf.compat.v1.set_random_seed(config.seed)
-    host = "/device:CPU:0"
-    with tf.device(host):
-        global_step = tf.compat.v1.train.get_or_create_global_step()
-        with tf.name_scope("input"):
-            dataset = input_pipeline.train_dataset(
-                plan.train_files,
-                config.global_batch_size,
-                config.resolved_augmentation(),
-                seed=config.seed,
-            )
-            images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-        learning_rate = plan.lr_schedule.tensor(global_step)
-        if config.optimizer == "momentum":
-            optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, config.momentum)
-        else:
-            optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
+    global_step, (images, labels), learning_rate, optimizer = _inputs_and_optimizer(plan)
     train_graph = towerlib.build_train_graph(
         config.make_model(),
         (images, labels),
@@ -134,6 +203,41 @@ def build_training(plan: TrainPlan):
     return train_graph, learning_rate
 
 
+def build_replica_training(plan: TrainPlan):
+    """Builds this worker's synchronous training step in the default graph.
+
+    Variables go to the ps tasks (ParameterServerPlacer, by byte size); the input (this
+    worker's shard), the towers and the tower-gradient sum run on this worker; the
+    workers' gradients are averaged by towerlib.cluster's SyncReplicas optimizer.
+
+    Returns:
+      (towerlib.cluster.SyncTrainGraph, learning-rate tensor).
+    """
+    config = plan.config
+    cluster = plan.cluster
+    if config.seed is not None:
+        # The chief (replica 0), which initializes the weights, keeps the seed; the other
+        # workers draw other augmentations for their examples.
+        tf.compat.v1.set_random_seed(config.seed + cluster.replica_index)
+    placer = cluster_lib.ParameterServerPlacer(cluster)
+    with tf.compat.v1.device(placer):
+        global_step, inputs, learning_rate, optimizer = _inputs_and_optimizer(plan)
+    sync_graph = cluster_lib.build_sync_train_graph(
+        config.make_model(),
+        inputs,
+        optimizer,
+        cluster,
+        num_towers=config.num_towers or None,
+        device_type=config.device_type,
+        bn_mode=config.bn_mode,
+        ema_decay=config.ema_decay,
+        device_function=placer,
+        global_step=global_step,
+        learning_rate=learning_rate,
+    )
+    return sync_graph, learning_rate
+
+
 def checkpoint_step(train_dir: str) -> int:
     """The global step of the latest checkpoint in train_dir, or 0 when there is none."""
     checkpoint = tf.train.latest_checkpoint(train_dir)
@@ -144,7 +248,7 @@ def checkpoint_step(train_dir: str) -> int:
 
 def _describe(plan: TrainPlan) -> str:
     config = plan.config
-    per_tower, extra = divmod(config.global_batch_size, len(plan.devices))
+    per_tower, extra = divmod(plan.batch_size, len(plan.devices))
     shares = (
         "%d per tower" % per_tower
         if not extra
@@ -153,18 +257,46 @@ def _describe(plan: TrainPlan) -> str:
     steps_per_epoch = schedule.steps_per_epoch(
         plan.train_files.num_examples, config.global_batch_size
     )
-    return (
-        "Training %s on %d tower(s) %s, global batch %d (%s), bn_mode=%s, variables on "
-        "%s; %d training examples = %.1f steps per epoch; learning rate %g (%s) with "
-        "decays x%g at steps %s%s; until global step %d (%.1f epochs)."
-        % (
-            config.model,
+    if plan.cluster is None:
+        where = "on %d tower(s) %s, global batch %d (%s)" % (
             len(plan.devices),
             plan.devices,
             config.global_batch_size,
             shares,
+        )
+        variables = config.param_device
+    else:
+        cluster = plan.cluster
+        where = (
+            "as worker %d of %d%s (%s) on %d tower(s) %s, %d examples per step of the "
+            "global batch %d (%s), from shard %d of %d of the training data (%d examples)"
+            % (
+                cluster.replica_index,
+                cluster.num_replicas,
+                ", the chief" if cluster.is_chief else "",
+                cluster.task_device,
+                len(plan.devices),
+                plan.devices,
+                plan.batch_size,
+                config.global_batch_size,
+                shares,
+                plan.shard_index + 1,
+                plan.num_shards,
+                input_pipeline.shard_size(
+                    plan.train_files.num_examples, plan.num_shards, plan.shard_index
+                ),
+            )
+        )
+        variables = "the %d ps task(s)" % cluster.num_ps
+    return (
+        "Training %s %s, bn_mode=%s, variables on %s; %d training examples = %.1f "
+        "steps per epoch; learning rate %g (%s) with decays x%g at steps %s%s; until "
+        "global step %d (%.1f epochs)."
+        % (
+            config.model,
+            where,
             config.bn_mode,
-            config.param_device,
+            variables,
             plan.train_files.num_examples,
             steps_per_epoch,
             plan.lr_schedule.base_rate,
@@ -180,16 +312,63 @@ def _describe(plan: TrainPlan) -> str:
     )
 
 
-def train(config: config_lib.TrainConfig) -> TrainResult:
-    """Runs (or resumes) training as ``config`` says; returns where it stopped."""
-    plan = make_plan(config)
-    # Saved with the data folder and last step actually used, for eval and export.
-    saved_config = dataclasses.replace(
-        config, data_dir=plan.data_dir, max_steps=plan.max_steps
+def _run_one_machine(plan: TrainPlan):
+    config = plan.config
+    train_graph, _ = build_training(plan)
+    return towerlib.run_training(
+        train_graph,
+        train_dir=config.train_dir,
+        max_steps=plan.max_steps,
+        session_config=towerlib.session_config(len(plan.devices)),
+        log_every_n_steps=config.log_every_n_steps,
+        save_checkpoint_steps=config.save_checkpoint_steps,
+        save_summaries_steps=config.save_summaries_steps,
+        examples_per_step=config.global_batch_size,
     )
-    config_lib.save(saved_config, config.train_dir)
+
+
+def _run_replica(plan: TrainPlan, startup_timeout_secs: float):
+    config = plan.config
+    sync_graph, _ = build_replica_training(plan)
+    server = cluster_lib.start_server(plan.cluster, len(plan.devices))
+    return cluster_lib.run_distributed_training(
+        sync_graph,
+        server,
+        train_dir=config.train_dir,
+        max_steps=plan.max_steps,
+        startup_timeout_secs=startup_timeout_secs,
+        log_every_n_steps=config.log_every_n_steps,
+        save_checkpoint_steps=config.save_checkpoint_steps,
+        save_summaries_steps=config.save_summaries_steps,
+        # Throughput of the whole cluster: one step is one global batch.
+        examples_per_step=config.global_batch_size,
+    )
+
+
+def train(
+    config: config_lib.TrainConfig,
+    cluster: Optional[cluster_lib.ClusterInfo] = None,
+    startup_timeout_secs: float = 600.0,
+) -> TrainResult:
+    """Runs (or resumes) training as ``config`` says; returns where it stopped.
+
+    Args:
+      config: the run's settings.
+      cluster: this worker's task in a cluster (serve_parameters runs a ps task); None to
+        train on this machine only.
+      startup_timeout_secs: in a cluster, how long to wait for the ps tasks to answer and,
+        on a worker other than the chief, for the chief to initialize the model.
+    """
+    plan = make_plan(config, cluster)
+    if plan.is_chief:
+        # Saved with the data folder and last step actually used, for eval and export.
+        saved_config = dataclasses.replace(
+            config, data_dir=plan.data_dir, max_steps=plan.max_steps
+        )
+        config_lib.save(saved_config, config.train_dir)
     logger.info(_describe(plan))
-    start_step = checkpoint_step(config.train_dir)
+    # Only the chief restores; another worker's train_dir may not even be the chief's.
+    start_step = checkpoint_step(config.train_dir) if plan.is_chief else 0
     if start_step:
         logger.info(
             "Resuming from the checkpoint in %s at global step %d.",
@@ -197,6 +376,16 @@ def train(config: config_lib.TrainConfig) -> TrainResult:
             start_step,
         )
     if start_step >= plan.max_steps:
+        if cluster is not None:
+            raise config_lib.ConfigError(
+                "The checkpoint in --train_dir=%r is at global step %d, and --max_steps "
+                "(or --train_epochs) asks to stop at %d: nothing to train. In a cluster "
+                "the chief cannot just skip training, the ps and the other workers would "
+                "wait for it. Fix: raise --max_steps to continue the run, or use a new "
+                "--train_dir; stop the other tasks (they give up after "
+                "--startup_timeout_secs / --ps_timeout_secs)."
+                % (config.train_dir, start_step, plan.max_steps)
+            )
         logger.info(
             "Global step %d has reached the last step %d: nothing to train.",
             start_step,
@@ -205,32 +394,47 @@ def train(config: config_lib.TrainConfig) -> TrainResult:
         return TrainResult(start_step, start_step, None, 0.0, plan)
 
     with tf.Graph().as_default():
-        train_graph, _ = build_training(plan)
         start = time.time()
-        global_step, loss = towerlib.run_training(
-            train_graph,
-            train_dir=config.train_dir,
-            max_steps=plan.max_steps,
-            session_config=towerlib.session_config(len(plan.devices)),
-            log_every_n_steps=config.log_every_n_steps,
-            save_checkpoint_steps=config.save_checkpoint_steps,
-            save_summaries_steps=config.save_summaries_steps,
-            examples_per_step=config.global_batch_size,
-        )
+        if cluster is None:
+            global_step, loss = _run_one_machine(plan)
+        else:
+            global_step, loss = _run_replica(plan, startup_timeout_secs)
         seconds = time.time() - start
     end_step = global_step if global_step is not None else start_step
     logger.info(
         "Trained from global step %d to %d in %.1f s (%.1f examples/sec overall, "
-        "graph start-up included); checkpoints in %s.",
+        "graph start-up included); %s.",
         start_step,
         end_step,
         seconds,
         (end_step - start_step) * config.global_batch_size / max(seconds, 1e-9),
-        config.train_dir,
+        "checkpoints in %s" % config.train_dir
+        if plan.is_chief
+        else "the chief writes the checkpoints",
     )
     return TrainResult(
         end_step, start_step, None if loss is None else float(loss), seconds, plan
     )
+
+
+def serve_parameters(
+    cluster: cluster_lib.ClusterInfo, timeout_secs: Optional[float] = None
+):
+    """Runs a ps task: serves its share of the variables until every worker is done.
+
+    Raises:
+      TimeoutError: the workers did not all finish within timeout_secs (None: no limit).
+    """
+    logger.info(
+        "ps task %d of %d at %s: serving variables until the %d workers are done%s.",
+        cluster.task_index,
+        cluster.num_ps,
+        cluster.jobs[cluster.job_name][cluster.task_index],
+        cluster.num_replicas,
+        " (at most %g s)" % timeout_secs if timeout_secs else "",
+    )
+    cluster_lib.run_parameter_server(cluster, timeout_secs=timeout_secs)
+    logger.info("ps task %d: every worker is done, exiting.", cluster.task_index)
 
 
 def configure_logging():
@@ -244,13 +448,17 @@ def configure_logging():
 
 
 def run_main(body):
-    """Runs body() and turns a user error into one line on stderr and exit status 2."""
+    """Runs body() and turns a user error into one line on stderr and exit status 2 (a
+    cluster task that timed out waiting for the others: exit status 1)."""
     configure_logging()
     try:
         body()
     except USER_ERRORS as e:
         sys.stderr.write("error: %s\n" % e)
         sys.exit(2)
+    except TimeoutError as e:
+        sys.stderr.write("error: %s\n" % e)
+        sys.exit(1)
 
 
 def main(argv):
@@ -258,7 +466,16 @@ def main(argv):
         raise SystemExit(
             "error: unexpected arguments %s; all settings are --flags." % argv[1:]
         )
-    run_main(lambda: train(options.train_config_from_flags()))
+    flags = options.FLAGS
+
+    def body():
+        cluster = options.cluster_from_flags()
+        if cluster is not None and cluster.is_ps:
+            serve_parameters(cluster, flags.ps_timeout_secs or None)
+        else:
+            train(options.train_config_from_flags(), cluster, flags.startup_timeout_secs)
+
+    run_main(body)
 
 
 if __name__ == "__main__":
@@ -266,5 +483,6 @@ if __name__ == "__main__":
     from absl import flags as absl_flags
 
     options.define_train_flags()
+    options.define_cluster_flags()
     absl_flags.adopt_module_key_flags(options)  # list them in --help
     app.run(main)
