@@ -1,6 +1,7 @@
 """Real cluster processes for the distributed tests, each bounded in time.
 
-Every process runs examples/distributed/train.py in its own process group
+Every process runs a training program (by default examples/distributed/train.py)
+in its own process group
 (so a kill takes its children too), with its output in a log file, and dies
 with the test process (PR_SET_PDEATHSIG). A watchdog kills every group once
 the test's wall-clock budget is spent, and `close()` (a fixture teardown)
@@ -8,6 +9,7 @@ kills whatever is left, so a failing or hanging test leaks nothing.
 """
 
 import ctypes
+import json
 import os
 import re
 import signal
@@ -51,9 +53,11 @@ class ProcessGroup:
     Args:
       log_dir: where each process's combined stdout/stderr goes (NAME.log).
       budget_secs: hard wall-clock bound for every process of the test.
+      command: the program every process runs, before its flags.
     """
 
-    def __init__(self, log_dir, budget_secs):
+    def __init__(self, log_dir, budget_secs, command=(sys.executable, EXAMPLE)):
+        self.command = list(command)
         self.log_dir = str(log_dir)
         self.budget_secs = budget_secs
         self.started_at = time.monotonic()
@@ -64,20 +68,25 @@ class ProcessGroup:
         self._watchdog.daemon = True
         self._watchdog.start()
 
-    def start(self, name, flags):
-        """Runs the example with `flags` (a list of '--flag=value') as `name`."""
+    def start(self, name, flags, tf_config=None):
+        """Runs the command with `flags` (a list of '--flag=value') as `name`.
+
+        tf_config: a dict for the TF_CONFIG environment variable, or None.
+        """
         env = dict(os.environ)
         env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = ""
         env.pop("TF_CONFIG", None)
+        if tf_config is not None:
+            env["TF_CONFIG"] = json.dumps(tf_config)
         log = open(self.log_path(name), "a", encoding="utf-8")
         self._log_files.append(log)
-        log.write(f"### start {name}: {' '.join(flags)}\n")
+        log.write(f"### start {name}: {' '.join(flags)} TF_CONFIG={env.get('TF_CONFIG')}\n")
         log.flush()
         with self._lock:
             process = subprocess.Popen(
-                [sys.executable, EXAMPLE] + list(flags), stdout=log,
+                self.command + list(flags), stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 cwd=REPO_ROOT, start_new_session=True, preexec_fn=_die_with_parent)
             self.processes[name] = process

@@ -7,7 +7,6 @@ settings and on the data sharding run in this process.
 """
 
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,6 @@ from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, generate, input_pipeline, train
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
-from tests import distributed_processes
 from tests.distributed_processes import REPO_ROOT, ProcessGroup, free_ports
 from towerlib import cluster as cluster_lib
 
@@ -29,39 +27,10 @@ STEPS = 3
 BUDGET_SECS = 110  # hard bound on every process of the cluster test
 
 
-class CifarTrainProcesses(ProcessGroup):
-    """A ProcessGroup whose processes run `python -m examples.cifar10.train FLAGS`."""
-
-    def start(self, name, flags, tf_config=None):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env.pop("TF_CONFIG", None)
-        if tf_config is not None:
-            env["TF_CONFIG"] = json.dumps(tf_config)
-        log = open(self.log_path(name), "a", encoding="utf-8")
-        self._log_files.append(log)
-        log.write(f"### start {name}: {' '.join(flags)} TF_CONFIG={env.get('TF_CONFIG')}\n")
-        log.flush()
-        with self._lock:
-            process = subprocess.Popen(
-                [sys.executable, "-m", MODULE] + list(flags),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=REPO_ROOT,
-                start_new_session=True,
-                preexec_fn=distributed_processes._die_with_parent,
-            )
-            self.processes[name] = process
-        return process
-
-
 @pytest.fixture
 def processes(tmp_path):
-    group = CifarTrainProcesses(tmp_path, budget_secs=BUDGET_SECS)
+    group = ProcessGroup(tmp_path, budget_secs=BUDGET_SECS,
+                         command=[sys.executable, "-m", MODULE])
     try:
         yield group
     finally:
