@@ -7,6 +7,10 @@ set by name from one numpy seed, since op-level random seeds depend on the
 graph's construction order.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -167,3 +171,18 @@ def run_towers(model_fn, batch, optimizer_kind, num_towers, steps=5,
 def max_abs_difference(left, right):
     assert sorted(left) == sorted(right), (sorted(left), sorted(right))
     return max(float(np.max(np.abs(left[k] - right[k]))) for k in left)
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python_script(script, timeout_secs=120):
+    """Runs `script` in a fresh Python process bounded by `timeout_secs`.
+
+    For tests of runs that could hang: a hang kills the child, not the suite.
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, check=False, text=True,
+        timeout=timeout_secs, env=env, cwd=REPO_ROOT)

@@ -1,14 +1,12 @@
 """Tests for towerlib.collective on virtual CPU devices (no GPU needed)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import helpers
 from towerlib.collective import (
     CollectiveFetchCheckHook,
     CollectiveMismatchError,
@@ -16,8 +14,6 @@ from towerlib.collective import (
     PartialFetchError,
     check_fetches,
 )
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveGather")
@@ -322,20 +318,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
 
 
 def test_partial_fetch_run_ends_in_a_clear_error_not_a_hang():
-    env = dict(
-        os.environ,
-        TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", _PARTIAL_FETCH_SCRIPT],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO_ROOT,
-    )
+    result = helpers.run_python_script(_PARTIAL_FETCH_SCRIPT)
     reports = {}
     for line in result.stdout.splitlines():
         mode, key, value = ([*line.split(" ", 2), "", ""])[:3]

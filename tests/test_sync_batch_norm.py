@@ -8,8 +8,6 @@ same weights, set by variable name from numpy.
 
 import functools
 import os
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -18,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
+from tests import helpers
 from towerlib import layers
 from towerlib.collective import (
     CollectiveMismatchError,
@@ -453,20 +452,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
 
 
 def test_running_one_towers_loss_ends_in_a_clear_error_within_a_bound():
-    env = dict(
-        os.environ,
-        TF_CPP_MIN_LOG_LEVEL="3",
-        PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", _PARTIAL_FETCH_SCRIPT],
-        capture_output=True,
-        check=False,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO_ROOT,
-    )
+    result = helpers.run_python_script(_PARTIAL_FETCH_SCRIPT)
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
     assert "MESSAGE" in lines, result.stdout + result.stderr[-3000:]
     assert float(lines["ELAPSED"]) < 20.0
