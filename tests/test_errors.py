@@ -167,3 +167,30 @@ def test_non_tensor_inputs():
 def test_bad_ema_decay():
     with pytest.raises(ValueError, match=r"ema_decay must be in \(0, 1\)"):
         build(ema_decay=1.5)
+
+
+def test_batch_norm_axis_out_of_range():
+    ctx = towerlib.TowerContext.single()
+    with pytest.raises(ValueError, match="axis 4 is out of range for an input of rank 4"):
+        towerlib.batch_norm(tf.zeros([2, 3, 3, 8]), ctx, name="bn", axis=4)
+
+
+def test_conv2d_kernel_size_with_three_values():
+    with pytest.raises(ValueError, match=r"kernel_size must be a positive int or a "
+                                         r"\(height, width\) pair"):
+        towerlib.layers.conv2d(tf.zeros([2, 5, 5, 1]), 4, (3, 3, 3), name="conv")
+
+
+def test_sync_layers_called_in_a_different_order_are_refused():
+    def swapped(inputs, ctx):
+        images, labels = inputs
+        order = ["first", "second"] if ctx.index == 0 else ["second", "first"]
+        h = images
+        for name in order:
+            h = towerlib.batch_norm(h, ctx, name=name)
+        logits = towerlib.layers.dense(towerlib.layers.flatten(h), 3, name="logits")
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+
+    with pytest.raises(ValueError, match="differs between towers.*'first'.*'second'"):
+        build(tower_fn=swapped, bn_mode="sync")

@@ -226,3 +226,52 @@ def test_run_training_with_sync_batch_norm_bounds_each_step(tmp_path, monkeypatc
             session_config=towerlib.session_config(2), collective_timeout_secs=120)
     assert step == 2 and np.isfinite(loss)
     assert seen_configs == [120]
+
+
+def test_activity_regularization_in_the_tower_is_weighted_like_the_loss():
+    """A term added inside the tower function counts once over the global batch,
+    whatever the tower count (weights' regularizers count once anyway)."""
+    batch = helpers.image_batch(10)
+
+    def with_activity_penalty(inputs, ctx):
+        images, _ = inputs
+        tf.compat.v1.add_to_collection(
+            tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES,
+            0.01 * tf.reduce_mean(tf.square(images)))
+        return helpers.conv_dense_model(inputs, ctx)
+
+    def regularization_for(num_towers):
+        with tf.Graph().as_default():
+            train = towerlib.build_train_graph(
+                with_activity_penalty, tuple(tf.constant(x) for x in batch),
+                tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                devices=helpers.cpu_devices(num_towers))
+            kernels = [v for v in tf.compat.v1.trainable_variables()
+                       if v.op.name in ("conv1/weights", "fc1/weights")]
+            with tf.compat.v1.Session(config=towerlib.session_config(num_towers)) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                return session.run([train.regularization_loss, kernels])
+
+    one, kernels = regularization_for(1)
+    weight_decay = sum(1e-3 * np.sum(k.astype(np.float64) ** 2) / 2 for k in kernels)
+    np.testing.assert_allclose(one, 0.01 * np.mean(batch[0] ** 2) + weight_decay, rtol=1e-5)
+    three, kernels = regularization_for(3)
+    weight_decay = sum(1e-3 * np.sum(k.astype(np.float64) ** 2) / 2 for k in kernels)
+    np.testing.assert_allclose(three, 0.01 * np.mean(batch[0] ** 2) + weight_decay, rtol=1e-5)
+
+
+def test_seeded_dropout_draws_a_different_mask_per_tower():
+    masks = []
+
+    def model_with_dropout(inputs, ctx):
+        images, _ = inputs
+        masks.append(towerlib.layers.dropout(tf.ones([4, 50]), 0.5, ctx, seed=7))
+        return helpers.conv_dense_model(inputs, ctx)
+
+    with tf.Graph().as_default():
+        tf.compat.v1.set_random_seed(1)
+        build(2, tower_fn=model_with_dropout)
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            first, second = session.run(masks)
+    assert 0 < (first == 0).mean() < 1
+    assert not np.array_equal(first, second)

@@ -182,8 +182,11 @@ class _CallRecord:
         return f"{self.kind} '{self.name}' of {self.dtype} [{shapes}]"
 
     def conflicts_with(self, other: "_CallRecord") -> bool:
-        if (self.kind, self.dtype, len(self.shapes)) != (
+        # The name is the layer's variable scope, the same in every tower: two
+        # same-shaped layers called in a different order must not pair up.
+        if (self.kind, self.name, self.dtype, len(self.shapes)) != (
             other.kind,
+            other.name,
             other.dtype,
             len(other.shapes),
         ):

@@ -124,6 +124,8 @@ def variable_placer(param_device, devices):
     """
     if callable(param_device):
         return param_device
+    if isinstance(param_device, str):
+        param_device = param_device.lower()
     if param_device not in PARAM_DEVICES:
         raise ValueError(
             f"Unknown param_device {param_device!r}. Use 'cpu' (variables on the "

@@ -32,6 +32,16 @@ def _he_normal():
         scale=2.0, mode="fan_in", distribution="truncated_normal")
 
 
+def _pair(value, what, layer_name):
+    """An int or (height, width) pair of positive ints, as (height, width)."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(
+            f"conv2d '{layer_name}': {what} must be a positive int or a (height, "
+            f"width) pair of them, got {value!r}.")
+    return pair
+
+
 def _channels(x, data_format):
     axis = 1 if data_format == "NCHW" else -1
     channels = x.shape[axis]
@@ -58,8 +68,8 @@ def conv2d(x, filters, kernel_size, *, name, strides=1, padding="SAME",
     """
     if data_format not in ("NHWC", "NCHW"):
         raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
-    kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-    sh, sw = (strides, strides) if isinstance(strides, int) else strides
+    kh, kw = _pair(kernel_size, "kernel_size", name)
+    sh, sw = _pair(strides, "strides", name)
     in_channels = _channels(x, data_format)
     stride_list = [1, sh, sw, 1] if data_format == "NHWC" else [1, 1, sh, sw]
     with tf.compat.v1.variable_scope(name):
@@ -135,9 +145,19 @@ def flatten(x):
 
 
 def dropout(x, rate, ctx, seed=None):
-    """Drops units with probability `rate` in training; identity in inference."""
-    if not 0 <= rate < 1:
-        raise ValueError(f"dropout rate must be in [0, 1), got {rate}.")
-    if not ctx.is_training or rate == 0:
+    """Drops units with probability `rate` in training; identity in inference.
+
+    rate: a float in [0, 1) or a float scalar tensor. With a `seed`, each
+    tower still draws its own mask (the seed is combined with the tower
+    index): one device on the whole batch would not repeat a mask either.
+    """
+    if isinstance(rate, (int, float)):
+        if not 0 <= rate < 1:
+            raise ValueError(f"dropout rate must be in [0, 1), got {rate}.")
+        if rate == 0:
+            return x
+    if not ctx.is_training:
         return x
+    if seed is not None:
+        seed = seed * 1_000_003 + ctx.index
     return tf.nn.dropout(x, rate=rate, seed=seed)

@@ -181,6 +181,10 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
     rank = x.shape.rank
     if rank is None or rank < 2:
         raise ValueError(f"batch_norm needs an input of known rank >= 2, got {x.shape}.")
+    if not -rank <= axis < rank:
+        raise ValueError(
+            f"batch_norm '{name}': axis {axis} is out of range for an input of rank "
+            f"{rank} (shape {x.shape}); use -1 for channels-last or 1 for NCHW.")
     axis = axis % rank
     channels = x.shape[axis]
     if channels is None:

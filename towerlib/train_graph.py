@@ -106,6 +106,22 @@ def _new_regularization_losses(before):
     return [t for t in after if id(t) not in seen]
 
 
+def _split_regularization(terms, towers):
+    """(shared terms, per-tower terms) of the build's regularization losses.
+
+    A weight's regularizer is created once, with the variable, outside any
+    tower's name scope: it counts once. A term the tower function adds itself
+    (an activity regularizer on its activations) exists once per tower, in
+    the tower's name scope: it is part of that tower's loss and is weighted
+    by the tower's share like the loss, so its strength does not grow with
+    the tower count.
+    """
+    tower_terms = [[t for t in terms if t.name.startswith(tower.context.name_scope)]
+                   for tower in towers]
+    in_towers = {id(t) for own in tower_terms for t in own}
+    return [t for t in terms if id(t) not in in_towers], tower_terms
+
+
 def _chosen_update_ops(towers, records, bn_mode):
     """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
 
@@ -184,16 +200,20 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                          "created none and none existed before.")
 
     shares = _tower_shares(towers)
-    regularization_terms = _new_regularization_losses(regularization_before)
+    shared_terms, tower_terms = _split_regularization(
+        _new_regularization_losses(regularization_before), towers)
     host = towers_lib._host_cpu(devices[0])
 
     tower_grads_and_vars = []
-    for tower, share in zip(towers, shares):
-        device_fn = tf.compat.v1.device(tower.context.device)
-        with tf.name_scope(tower.context.name_scope), device_fn:
+    weighted_tower_regularization = []
+    for tower, share, own_terms in zip(towers, shares, tower_terms):
+        with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
             objective = share * tower.loss
-            if tower.context.is_first and regularization_terms:
-                objective += tf.add_n(regularization_terms, name="regularization")
+            if own_terms:
+                weighted_tower_regularization.append(share * tf.add_n(own_terms))
+                objective += weighted_tower_regularization[-1]
+            if tower.context.is_first and shared_terms:
+                objective += tf.add_n(shared_terms, name="regularization")
             tower_grads_and_vars.append(optimizer.compute_gradients(
                 objective, var_list=var_list, colocate_gradients_with_ops=True))
 
@@ -214,9 +234,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
 
     with tf.device(host), tf.name_scope("losses"):
         loss = tf.add_n([s * t.loss for s, t in zip(shares, towers)], name="loss")
+        all_terms = shared_terms + weighted_tower_regularization
         regularization_loss = (
-            tf.add_n(regularization_terms, name="regularization_loss")
-            if regularization_terms else tf.constant(0.0, name="regularization_loss"))
+            tf.add_n(all_terms, name="regularization_loss")
+            if all_terms else tf.constant(0.0, name="regularization_loss"))
         total_loss = tf.add(loss, regularization_loss, name="total_loss")
 
     scalars = {}

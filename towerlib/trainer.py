@@ -186,7 +186,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         save_summaries_steps=save_summaries_steps, log_every_n_steps=log_every_n_steps,
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
-        is_chief=is_chief, session_config=session_config)
+        is_chief=is_chief, session_config=session_config,
+        devices=train_graph.devices)
     if save_checkpoint_steps is None and save_checkpoint_secs is None:
         save_checkpoint_steps = 1000
     _ensure_log_output()
