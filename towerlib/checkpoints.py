@@ -303,8 +303,10 @@ def remove_leftovers(train_dir):
         return removed
     staging = os.path.join(train_dir, SAVING_DIRNAME)
     if tf.io.gfile.exists(staging):
+        interrupted = bool(tf.io.gfile.listdir(staging))  # empty after a good save
         tf.io.gfile.rmtree(staging)
-        removed.append(staging)
+        if interrupted:
+            removed.append(staging)
     for name in tf.io.gfile.listdir(train_dir):
         name = name.rstrip("/")
         path = os.path.join(train_dir, name)

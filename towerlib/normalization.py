@@ -196,12 +196,13 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
     broadcast_shape[axis] = int(channels)
 
     with tf.compat.v1.variable_scope(name) as scope:
-        beta = tf.compat.v1.get_variable(
-            "beta", param_shape, initializer=tf.compat.v1.zeros_initializer(),
-            trainable=center)
-        gamma = tf.compat.v1.get_variable(
-            "gamma", param_shape, initializer=tf.compat.v1.ones_initializer(),
-            trainable=scale)
+        beta = gamma = None  # center=False / scale=False: no offset / no scale
+        if center:
+            beta = tf.compat.v1.get_variable(
+                "beta", param_shape, initializer=tf.compat.v1.zeros_initializer())
+        if scale:
+            gamma = tf.compat.v1.get_variable(
+                "gamma", param_shape, initializer=tf.compat.v1.ones_initializer())
         moving_mean = tf.compat.v1.get_variable(
             "moving_mean", param_shape, trainable=False,
             initializer=tf.compat.v1.zeros_initializer())
