@@ -333,17 +333,6 @@ def tower_devices(cluster, num_towers=None, device_type=None):
             for local in devices_lib.tower_devices(num_towers, device_type)]
 
 
-def variable_bytes(op):
-    """Bytes of the variable an op creates (0 when its shape is not static)."""
-    node_def = op if isinstance(op, tf.compat.v1.NodeDef) else op.node_def
-    if "shape" not in node_def.attr or "dtype" not in node_def.attr:
-        return 0
-    shape = tf.TensorShape(node_def.attr["shape"].shape)
-    if not shape.is_fully_defined():
-        return 0
-    return shape.num_elements() * tf.as_dtype(node_def.attr["dtype"].type).size
-
-
 class ParameterServerPlacer:
     """Device function: variables to the ps tasks by byte size, the rest here.
 
@@ -362,7 +351,7 @@ class ParameterServerPlacer:
         if cluster.num_ps < 1:
             raise ValueError("ParameterServerPlacer needs a cluster with a ps task.")
         self.ps_devices = cluster.ps_devices
-        self.bytes_per_task = [0] * len(self.ps_devices)
+        self._ps_placer = devices_lib.GreedyVariablePlacer(self.ps_devices)
         self.replica_device = tf.DeviceSpec.from_string(cluster.task_device)
 
     def __call__(self, op):
@@ -370,10 +359,13 @@ class ParameterServerPlacer:
         if op.type in devices_lib.VARIABLE_OP_TYPES:
             if requested.job:
                 return requested.to_string()
-            task = min(range(len(self.ps_devices)), key=self.bytes_per_task.__getitem__)
-            self.bytes_per_task[task] += variable_bytes(op)
-            return self.ps_devices[task]
+            return self._ps_placer(op)
         return self.replica_device.make_merged_spec(requested).to_string()
+
+    @property
+    def bytes_per_task(self):
+        """Bytes of variables placed so far on each ps task."""
+        return list(self._ps_placer.bytes_per_device)
 
 
 # --------------------------------------------------------------------------
