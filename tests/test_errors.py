@@ -194,3 +194,15 @@ def test_sync_layers_called_in_a_different_order_are_refused():
 
     with pytest.raises(ValueError, match="differs between towers.*'first'.*'second'"):
         build(tower_fn=swapped, bn_mode="sync")
+
+
+def test_static_and_run_time_batch_dimensions_that_differ():
+    images, labels = helpers.image_batch(8)
+    fed_labels = tf.compat.v1.placeholder(tf.int32, [None])
+    train = build(inputs=(tf.constant(images), fed_labels))
+    with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match="different batch dimension from the other inputs"):
+            session.run(train.train_op, {fed_labels: labels[:6]})
+        session.run(train.train_op, {fed_labels: labels})  # the right size runs

@@ -54,6 +54,19 @@ def check_global_batch(inputs, num_towers):
     return batch
 
 
+def _with_batch_check(tensor, batch):
+    """`tensor`, checked at run time to have `batch` examples if its shape does not say."""
+    if tensor.shape.rank is not None and tensor.shape[0] is not None:
+        return tensor
+    check = tf.debugging.assert_equal(
+        tf.shape(tensor)[0], batch,
+        message=f"Input {tensor.name} has a different batch dimension from the "
+                f"other inputs ({batch}); every input of one global batch needs the "
+                "same number of examples")
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor)
+
+
 def shard_sizes(global_batch, num_towers):
     """Per-tower example counts: a list of ints, or an int32 [N] tensor.
 
@@ -89,7 +102,8 @@ def split_global_batch(inputs, num_towers, host_device=""):
     with tf.name_scope("split_global_batch"):
         if static_batch is not None:
             sizes = shard_sizes(static_batch, num_towers)
-            checks = []
+            # Inputs whose batch dimension is only known at run time must match.
+            flat = [_with_batch_check(t, static_batch) for t in flat]
         else:
             dynamic_batches = [tf.shape(t)[0] for t in flat]
             global_batch = dynamic_batches[0]
