@@ -6,40 +6,42 @@
     with tf.compat.v1.Session(config=towerlib.session_config(4)) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(train.train_op)
+
+Cross-tower collectives (bn_mode="sync") are in towerlib.collective, several
+machines in towerlib.cluster.
 """
 
-from towerlib import layers
-from towerlib.normalization import batch_norm, pooled_statistics
+from towerlib import cluster, collective, layers
+from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.context import BN_MODES, TowerContext, TowerRecords
+from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
+                                  check_record_files)
+from towerlib.determinism import seed_everything
 from towerlib.devices import session_config, tower_devices, variable_placer
 from towerlib.gradients import aggregate_gradients
+from towerlib.guards import NonFiniteError, guard_numerics
 from towerlib.inputs import split_global_batch
+from towerlib.normalization import batch_norm, pooled_statistics
 from towerlib.summaries import strip_tower_prefix, tower_scalar
 from towerlib.towers import Tower, TowerModel, build_towers
 from towerlib.train_graph import TrainGraph, build_train_graph, ema_restore_map
 from towerlib.trainer import StepLogger, TrainingResult, run_training
-from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
-from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
-                                  check_record_files)
-from towerlib.determinism import seed_everything
-from towerlib.guards import NonFiniteError, guard_numerics
 from towerlib.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # Building and running the training step.
     "BN_MODES", "StepLogger", "Tower", "TowerContext", "TowerModel",
-    "TowerRecords", "TrainGraph", "aggregate_gradients", "batch_norm",
-    "build_towers", "build_train_graph", "ema_restore_map", "layers",
-    "pooled_statistics", "run_training", "session_config",
-    "split_global_batch", "strip_tower_prefix", "tower_devices",
-    "tower_scalar", "variable_placer",
-]
-
-# Faults: crash-safe checkpoints, NaN guard, validation, determinism (issue 7).
-__all__ += [
+    "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
+    "batch_norm", "build_towers", "build_train_graph", "ema_restore_map",
+    "pooled_statistics", "run_training", "session_config", "split_global_batch",
+    "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
+    # Submodules.
+    "cluster", "collective", "layers",
+    # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError",
-    "NonFiniteError", "TrainingResult", "assert_finite", "assert_labels_in_range",
+    "NonFiniteError", "assert_finite", "assert_labels_in_range",
     "check_record_files", "find_restorable_checkpoint", "guard_numerics",
     "seed_everything", "validate_config",
 ]
