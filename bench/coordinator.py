@@ -44,8 +44,11 @@ class ConfigResult:
       config: the BenchConfig.
       status: STATUS_OK, STATUS_UNAVAILABLE or STATUS_FAILED.
       reason: why it is unavailable or failed.
-      step_seconds: per repetition, the mean seconds per step of that
-        repetition's timed steps (None where the worker had failed).
+      step_seconds: per repetition, the mean wall-clock seconds per step of
+        that repetition's timed steps (None where the worker had failed).
+      step_cpu_seconds: the same for the process's CPU time (user + system,
+        all threads): the work done per step, which load from other programs
+        inflates much less than the wall-clock time.
       build_seconds: graph construction, one entry per build.
       first_step_seconds: the first session.run / function call (graph
         optimization, placement, tracing).
@@ -61,6 +64,7 @@ class ConfigResult:
     status: str = STATUS_OK
     reason: str = ""
     step_seconds: List[Optional[float]] = dataclasses.field(default_factory=list)
+    step_cpu_seconds: List[Optional[float]] = dataclasses.field(default_factory=list)
     build_seconds: List[float] = dataclasses.field(default_factory=list)
     first_step_seconds: Optional[float] = None
     initial_checksum: Optional[float] = None
@@ -149,11 +153,14 @@ def prepare_weights(model, weights_path, seed, log_path, timeout_seconds):
         worker.stop()
 
 
-def _start(config, settings, log_dir, timeout_seconds, result):
-    """Starts one configuration's worker and waits until it is warmed up."""
-    worker = Worker({"task": "train", "config": config.to_dict(),
-                     "settings": settings.to_dict()},
-                    os.path.join(log_dir, config.key + ".log"))
+def _launch(config, settings, log_dir):
+    return Worker({"task": "train", "config": config.to_dict(),
+                   "settings": settings.to_dict()},
+                  os.path.join(log_dir, config.key + ".log"))
+
+
+def _await_ready(worker, timeout_seconds, result):
+    """Waits until a launched worker is built and warmed up; None if it cannot run."""
     try:
         ready = worker.receive(timeout_seconds)
     except WorkerError as error:
@@ -174,26 +181,49 @@ def _start(config, settings, log_dir, timeout_seconds, result):
     return worker
 
 
+def _start_all(configs, settings, log_dir, timeout_seconds, results, start_parallelism,
+               workers, progress):
+    """Starts the group's workers, `start_parallelism` at a time, into `workers`.
+
+    With 1 (the default of full runs) each worker builds its graph alone, so
+    its construction time is not inflated by a neighbour's; more is faster
+    (imports are single-threaded) and right for smoke runs.
+    """
+    step = max(1, start_parallelism)
+    for first in range(0, len(configs), step):
+        started = time.perf_counter()
+        launched = []
+        try:
+            for config in configs[first:first + step]:
+                launched.append((config, _launch(config, settings, log_dir)))
+            while launched:
+                config, worker = launched.pop(0)
+                result = results[config.key]
+                live = _await_ready(worker, timeout_seconds, result)
+                progress(f"  {config.label:<34} {result.status:<11} "
+                         f"{time.perf_counter() - started:6.1f} s to start"
+                         + (f"  ({result.reason})" if result.reason else ""))
+                if live is not None:
+                    workers[config.key] = live
+        finally:
+            for _, worker in launched:  # only left over when interrupted
+                worker.stop()
+
+
 def run_group(configs: List[BenchConfig], settings, repeats, steps, log_dir,
-              timeout_seconds, progress=print) -> Dict[str, ConfigResult]:
+              timeout_seconds, start_parallelism=1,
+              progress=print) -> Dict[str, ConfigResult]:
     """Times every configuration of one group, interleaved; returns results by key."""
     results = {config.key: ConfigResult(config) for config in configs}
     workers = {}
     try:
-        for config in configs:
-            started = time.perf_counter()
-            worker = _start(config, settings, log_dir, timeout_seconds, results[config.key])
-            result = results[config.key]
-            progress(f"  {config.label:<34} {result.status:<11} "
-                     f"{time.perf_counter() - started:6.1f} s to start"
-                     + (f"  ({result.reason})" if result.reason else ""))
-            if worker is not None:
-                workers[config.key] = worker
-
+        _start_all(configs, settings, log_dir, timeout_seconds, results,
+                   start_parallelism, workers, progress)
         for key in workers:
             # One slot per repetition, aligned across configurations for the
             # paired ratios; a worker that fails leaves its later slots None.
             results[key].step_seconds = [None] * repeats
+            results[key].step_cpu_seconds = [None] * repeats
         for repetition in range(repeats):
             keys = list(workers)
             shift = repetition % len(keys) if keys else 0
@@ -201,8 +231,9 @@ def run_group(configs: List[BenchConfig], settings, repeats, steps, log_dir,
                 try:
                     workers[key].send({"command": "run", "steps": steps,
                                        "warmup": settings.segment_warmup_steps})
-                    seconds = workers[key].receive(timeout_seconds)["seconds"]
-                    results[key].step_seconds[repetition] = seconds / steps
+                    timing = workers[key].receive(timeout_seconds)
+                    results[key].step_seconds[repetition] = timing["seconds"] / steps
+                    results[key].step_cpu_seconds[repetition] = timing["cpu_seconds"] / steps
                 except WorkerError as error:
                     results[key].fail(str(error))
                     workers.pop(key).stop()

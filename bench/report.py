@@ -154,8 +154,12 @@ class RunResults:
                 seen[identity] = result.config.label
         return list(seen.items())
 
-    def ratio(self, model, towers, numerator, denominator, quantity):
-        """Summary of the per-repetition ratio, or a string saying why there is none."""
+    def ratio(self, model, towers, numerator, denominator, quantity, clock="wall"):
+        """Summary of the per-repetition ratio, or a string saying why there is none.
+
+        quantity 'step_time' divides seconds per step, 'throughput' images/sec;
+        clock 'wall' uses wall-clock time, 'cpu' the processes' CPU time.
+        """
         top = self.get(model, towers, numerator)
         bottom = self.get(model, towers, denominator)
         for side in (top, bottom):
@@ -163,9 +167,11 @@ class RunResults:
                 return "not measured"
             if not side.ok:
                 return "not available" if side.status == "unavailable" else "failed"
+        top_times, bottom_times = ((top.step_seconds, bottom.step_seconds) if clock == "wall"
+                                   else (top.step_cpu_seconds, bottom.step_cpu_seconds))
         if quantity == "step_time":
-            return measure.ratio_summary(top.step_seconds, bottom.step_seconds)
-        return measure.ratio_summary(bottom.step_seconds, top.step_seconds)
+            return measure.ratio_summary(top_times, bottom_times)
+        return measure.ratio_summary(bottom_times, top_times)
 
 
 # --- formatting ----------------------------------------------------------------------------
@@ -264,6 +270,19 @@ def _throughput_section(run, model, meta):
     for identity, label in run.rows(model):
         rows.append([label] + [_throughput_cell(run.get(model, t, identity), run.global_batch)
                                for t in run.tower_counts])
+    lines += _table(header, rows) + [""]
+    lines += [f"CPU seconds per step (user + system, all threads of the configuration's "
+              f"process; median over repetitions), {model}:", ""]
+    rows = []
+    for identity, label in run.rows(model):
+        cells = []
+        for towers in run.tower_counts:
+            result = run.get(model, towers, identity)
+            summary = (measure.summarize(result.step_cpu_seconds)
+                       if result is not None and result.ok else None)
+            cells.append(_fmt(summary.median, 3) if summary else _status_cell(result)
+                         if result is None or not result.ok else "n/a")
+        rows.append([label] + cells)
     return lines + _table(header, rows) + [""]
 
 
@@ -294,6 +313,15 @@ def _ratio_rows(run, model):
     rows.append(("MirroredStrategy / one device on the whole batch, step time (no target)",
                  {t: _ratio_cell(run.ratio(model, t, MIRRORED, SINGLE, "step_time"))
                   for t in run.tower_counts}))
+    for label, numerator, denominator in (
+            ("towerlib first_tower / hand-written towers", TOWERLIB_FIRST, HANDWRITTEN),
+            ("towerlib first_tower / MirroredStrategy", TOWERLIB_FIRST, MIRRORED),
+            ("towerlib first_tower / one device on the whole batch", TOWERLIB_FIRST,
+             SINGLE)):
+        rows.append((f"{label}, CPU time per step (no target; less sensitive to load)",
+                     {t: _ratio_cell(run.ratio(model, t, numerator, denominator,
+                                               "step_time", clock="cpu"))
+                      for t in run.tower_counts}))
     return rows
 
 

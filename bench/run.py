@@ -58,6 +58,9 @@ flags.DEFINE_string("json_output", "", "If set, raw results as JSON here.")
 flags.DEFINE_string("notes_file", "",
                     "Markdown appended to the report (an analysis of the run).")
 flags.DEFINE_string("worker_log_dir", "", "Worker logs; default a new temporary folder.")
+flags.DEFINE_integer("start_parallelism", 1,
+                     "Workers of a group started at once. 1 times each graph "
+                     "construction alone; --smoke starts the whole group at once.")
 flags.DEFINE_integer("worker_timeout", 900, "Seconds to wait for any worker reply.")
 flags.DEFINE_bool("smoke", False,
                   "A couple of steps per configuration, one warm-up step: checks the "
@@ -104,12 +107,15 @@ def main(argv):
     steps, repeats = FLAGS.steps, FLAGS.repeats
     warmup, segment_warmup = FLAGS.warmup_steps, FLAGS.segment_warmup_steps
     global_batch = FLAGS.global_batch
+    start_parallelism = FLAGS.start_parallelism
     if FLAGS.smoke:
         steps, repeats, warmup, segment_warmup = SMOKE_STEPS, SMOKE_REPEATS, 1, 0
         if not FLAGS["global_batch"].present:
             global_batch = SMOKE_GLOBAL_BATCH
     _check_batch(global_batch, tower_counts)
     groups = configs_lib.plan(FLAGS.models, tower_counts, FLAGS.bn_modes, FLAGS.peers)
+    if FLAGS.smoke and not FLAGS["start_parallelism"].present:
+        start_parallelism = max(len(group) for _, group in groups)
 
     log_dir = FLAGS.worker_log_dir or tempfile.mkdtemp(prefix="towerlib-bench-")
     os.makedirs(log_dir, exist_ok=True)
@@ -134,6 +140,7 @@ def main(argv):
             build_repeats=FLAGS.build_repeats, mirrored_input=FLAGS.mirrored_input)
         results = coordinator.run_group(
             group, settings, repeats, steps, log_dir, FLAGS.worker_timeout,
+            start_parallelism=start_parallelism,
             progress=lambda line: print(line, flush=True))
         all_results.extend(results.values())
 
@@ -145,6 +152,7 @@ def main(argv):
         "wall_seconds": time.perf_counter() - started, "smoke": FLAGS.smoke,
         "global_batch": global_batch, "steps": steps, "repeats": repeats,
         "warmup_steps": warmup, "segment_warmup_steps": segment_warmup,
+        "start_parallelism": start_parallelism,
         "tower_counts": tower_counts, "models": FLAGS.models, "model_info": model_info,
         "mirrored_input": FLAGS.mirrored_input, "data_dir": data_dir,
     }

@@ -8,7 +8,7 @@ report the TensorFlow version and the GPUs, exit) or {"task": "train",
 weights, warms up, says it is ready, then answers commands read as JSON lines
 on stdin until told to finish:
 
-    {"command": "run", "steps": k, "warmup": w}  ->  {"seconds": t}
+    {"command": "run", "steps": k, "warmup": w}  ->  {"seconds": wall, "cpu_seconds": cpu}
     {"command": "finish"}  ->  {"peak_rss_mb": ..., "final_checksum": ...}
 
 Replies are JSON lines on the process's original stdout; everything else
@@ -134,8 +134,10 @@ def train(job, replies):
         command = json.loads(line)
         if command["command"] == "run":
             trainer.run_steps(command.get("warmup", 0))
+            cpu_start = time.process_time()
             seconds = trainer.run_steps(command["steps"])
-            _reply(replies, {"seconds": seconds})
+            _reply(replies, {"seconds": seconds,
+                             "cpu_seconds": time.process_time() - cpu_start})
         elif command["command"] == "finish":
             final = trainer.weights()
             message = {"peak_rss_mb": _peak_rss_mb(),
