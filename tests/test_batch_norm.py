@@ -34,7 +34,7 @@ def train_and_read_moving_statistics(batch, num_towers, bn_mode, steps=1):
             session.run(tf.compat.v1.global_variables_initializer())
             for _ in range(steps):
                 session.run(train.train_op)
-            return session.run(by_name["bn/moving_mean"]), session.run(by_name["bn/moving_variance"])
+            return session.run([by_name["bn/moving_mean"], by_name["bn/moving_variance"]])
 
 
 def expected_after_one_step(examples):

@@ -153,7 +153,7 @@ def test_summaries_have_no_tower_prefix_and_merge_tower_scalars():
         return helpers.conv_dense_model(inputs, ctx)
 
     with tf.Graph().as_default():
-        train = towerlib.build_train_graph(
+        towerlib.build_train_graph(
             model_with_accuracy, tuple(tf.constant(x) for x in batch),
             tf.compat.v1.train.GradientDescentOptimizer(0.1),
             devices=helpers.cpu_devices(3), learning_rate=0.1)

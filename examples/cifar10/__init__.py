@@ -1,0 +1,1 @@
+"""The bundled CIFAR-10 example: data, models, and the train/eval/export/main scripts."""

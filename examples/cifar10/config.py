@@ -1,0 +1,215 @@
+"""The training run's settings, checked before anything is built, and kept with the run.
+
+`TrainConfig` is what the train script's flags amount to. `check()` turns every setting
+that cannot work into one clear error before any data is touched or any graph is built.
+The config is saved as ``train_dir/train_config.json``, so the eval and export scripts
+rebuild the very model that was trained (name, EMA, data folder) from ``--train_dir``
+alone, and a restart with an incompatible model in the same folder is refused.
+"""
+
+import dataclasses
+import json
+import os
+import tempfile
+from typing import List, Optional
+
+import towerlib
+from examples.cifar10 import input_pipeline, models, schedule
+
+CONFIG_FILE = "train_config.json"
+OPTIMIZERS = ("sgd", "momentum")
+DEVICE_TYPES = ("gpu", "cpu")
+
+
+class ConfigError(ValueError):
+    """A setting (flag) that cannot work; the message names it and the fix."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Settings of one training run (see train.py's flags for their meaning)."""
+
+    train_dir: str = "/tmp/cifar10_train"
+    data_dir: Optional[str] = None  # None: generated data under train_dir
+    download: bool = False
+    download_url: str = ""
+    model: str = "convnet"
+    augmentation: Optional[str] = None  # None: the model's own
+    num_towers: int = 0  # 0: one per GPU, else one CPU device
+    device_type: Optional[str] = None  # None: GPUs when present, else CPUs
+    global_batch_size: int = 128
+    bn_mode: str = "first_tower"
+    bn_momentum: float = 0.99
+    param_device: str = "cpu"
+    optimizer: str = "momentum"
+    momentum: float = 0.9
+    learning_rate: float = 0.05
+    scale_lr_with_batch: bool = False
+    lr_decay_epochs: List[float] = dataclasses.field(default_factory=list)
+    lr_decay_factor: float = 0.1
+    warmup_epochs: float = 0.0
+    weight_decay: Optional[float] = None  # None: the model's own
+    ema_decay: Optional[float] = None
+    max_steps: int = 1000
+    train_epochs: float = 0.0  # > 0: overrides max_steps
+    log_every_n_steps: int = 50
+    save_checkpoint_steps: int = 500
+    save_summaries_steps: int = 50
+    seed: Optional[int] = None
+
+    def resolved_augmentation(self) -> str:
+        return self.augmentation or models.make_model(self.model).default_augmentation
+
+    def make_model(self) -> models.CifarModel:
+        return models.make_model(self.model, self.weight_decay, self.bn_momentum)
+
+    def tower_devices(self) -> List[str]:
+        return towerlib.tower_devices(self.num_towers or None, self.device_type)
+
+
+def check(config: TrainConfig) -> List[str]:
+    """Checks every setting that needs no data; returns the tower devices.
+
+    Raises:
+      ConfigError: naming the flag, its value, and what would work.
+    """
+    try:
+        config.make_model()
+    except ValueError as e:
+        raise ConfigError("--model: %s" % e) from e
+    if config.augmentation is not None:
+        try:
+            input_pipeline.check_augmentation(config.augmentation)
+        except ValueError as e:
+            raise ConfigError("--augmentation: %s" % e) from e
+    if config.device_type not in (None,) + DEVICE_TYPES:
+        raise ConfigError(
+            "--device_type=%r: use gpu, cpu, or leave it empty (GPUs when the "
+            "machine has them)." % config.device_type
+        )
+    if config.num_towers < 0:
+        raise ConfigError(
+            "--num_towers=%d: use a positive count, or 0 for one tower per GPU."
+            % config.num_towers
+        )
+    try:
+        devices = config.tower_devices()
+    except ValueError as e:
+        raise ConfigError("--num_towers=%d: %s" % (config.num_towers, e)) from e
+    if config.global_batch_size < len(devices):
+        raise ConfigError(
+            "--global_batch_size=%d cannot be split over %d towers: every tower needs at "
+            "least one example per step. Use --global_batch_size >= %d (a multiple of %d "
+            "splits evenly), or fewer --num_towers."
+            % (config.global_batch_size, len(devices), len(devices), len(devices))
+        )
+    if config.bn_mode not in towerlib.BN_MODES:
+        raise ConfigError(
+            "--bn_mode=%r: choose one of %s."
+            % (config.bn_mode, ", ".join(towerlib.BN_MODES))
+        )
+    if config.param_device not in ("cpu", "gpu"):
+        raise ConfigError(
+            "--param_device=%r: choose cpu (variables on the host) or gpu "
+            "(spread over the tower GPUs)." % config.param_device
+        )
+    if config.optimizer not in OPTIMIZERS:
+        raise ConfigError(
+            "--optimizer=%r: choose one of %s." % (config.optimizer, ", ".join(OPTIMIZERS))
+        )
+    if config.ema_decay is not None and not 0 < config.ema_decay < 1:
+        raise ConfigError(
+            "--ema_decay=%r: use a value in (0, 1), e.g. 0.999, or leave it "
+            "unset for no moving average." % config.ema_decay
+        )
+    try:
+        schedule.check_settings(
+            config.learning_rate,
+            config.lr_decay_epochs,
+            config.lr_decay_factor,
+            config.warmup_epochs,
+        )
+    except ValueError as e:
+        raise ConfigError(
+            "Learning-rate flags (--learning_rate, --lr_decay_epochs, "
+            "--lr_decay_factor, --warmup_epochs): %s" % e
+        ) from e
+    if not 0 < config.bn_momentum < 1:
+        raise ConfigError("--bn_momentum=%r: use a value in (0, 1)." % config.bn_momentum)
+    if config.max_steps < 1 and config.train_epochs <= 0:
+        raise ConfigError(
+            "--max_steps=%d: train for at least one step (or set --train_epochs)."
+            % config.max_steps
+        )
+    if config.download and not config.data_dir:
+        raise ConfigError(
+            "--download needs --data_dir: the folder to put cifar-10-batches-bin/ "
+            "in (e.g. --data_dir=/tmp/cifar10_data)."
+        )
+    if not config.train_dir:
+        raise ConfigError(
+            "--train_dir is empty: give a folder for checkpoints and summaries."
+        )
+    return devices
+
+
+def save(config: TrainConfig, train_dir: str) -> str:
+    """Writes the config to train_dir/train_config.json atomically; returns the path."""
+    os.makedirs(train_dir, exist_ok=True)
+    path = os.path.join(train_dir, CONFIG_FILE)
+    fd, tmp_path = tempfile.mkstemp(dir=train_dir, prefix="." + CONFIG_FILE)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
+        os.replace(tmp_path, path)
+    except BaseException:
+        if os.path.exists(tmp_path):
+            os.remove(tmp_path)
+        raise
+    return path
+
+
+def load(train_dir: str) -> TrainConfig:
+    """Reads train_dir/train_config.json.
+
+    Raises:
+      ConfigError: there is none (the folder was not written by train.py), or it is damaged.
+    """
+    path = os.path.join(train_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ConfigError(
+            "No %s in --train_dir=%r: it was not written by examples/cifar10/train.py (or "
+            "training has not started). Fix: point --train_dir at a training run's folder."
+            % (CONFIG_FILE, train_dir)
+        )
+    try:
+        with open(path) as f:
+            values = json.load(f)
+        known = {field.name for field in dataclasses.fields(TrainConfig)}
+        return TrainConfig(**{k: v for k, v in values.items() if k in known})
+    except (ValueError, TypeError) as e:
+        raise ConfigError(
+            "%s is damaged (%s). Fix: retrain into a fresh --train_dir." % (path, e)
+        ) from e
+
+
+def check_compatible_with_saved(config: TrainConfig) -> None:
+    """Refuses to continue a run in train_dir with a different model or weight EMA, whose
+    checkpoint could not be restored into the new graph."""
+    path = os.path.join(config.train_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        return
+    saved = load(config.train_dir)
+    if saved.model != config.model:
+        raise ConfigError(
+            "--train_dir=%r holds a run of --model=%s; this run asks for --model=%s, whose "
+            "variables its checkpoint does not have. Fix: use a new --train_dir, or "
+            "--model=%s to continue that run."
+            % (config.train_dir, saved.model, config.model, saved.model)
+        )
+    if saved.ema_decay is None and config.ema_decay is not None:
+        raise ConfigError(
+            "--train_dir=%r holds a run trained without --ema_decay; its checkpoint has no "
+            "moving averages to continue. Fix: use a new --train_dir, or drop --ema_decay."
+            % config.train_dir
+        )

@@ -1,0 +1,273 @@
+"""The command-line flags of the CIFAR-10 scripts (absl), in groups.
+
+Each script defines the groups it uses; main.py, which runs them all, defines every group.
+A group defined twice is defined once (so importing train.py from main.py is harmless).
+Values are checked by config.check, not here, so that the error messages are the
+example's own and name the fix.
+"""
+
+from absl import flags
+
+from examples.cifar10 import config as config_lib
+from examples.cifar10 import download
+
+FLAGS = flags.FLAGS
+_DEFAULTS = config_lib.TrainConfig()
+
+
+def _define(define_fn, name, default, help_text, **kwargs):
+    if name not in FLAGS:
+        define_fn(name, default, help_text, **kwargs)
+
+
+def define_train_dir_flag():
+    _define(
+        flags.DEFINE_string,
+        "train_dir",
+        _DEFAULTS.train_dir,
+        "Folder for checkpoints, TensorBoard events and train_config.json.",
+    )
+
+
+def define_data_flags():
+    define_train_dir_flag()
+    _define(
+        flags.DEFINE_string,
+        "data_dir",
+        "",
+        "Folder holding cifar-10-batches-bin/ (or the .bin files). Empty: the built-in "
+        "generated data set, written under <train_dir>/generated_data (eval: the "
+        "folder the run trained on).",
+    )
+
+
+def define_download_flags():
+    _define(
+        flags.DEFINE_bool,
+        "download",
+        False,
+        "Fetch and extract the CIFAR-10 binary archive into --data_dir first, unless a "
+        "complete copy is there.",
+    )
+    _define(
+        flags.DEFINE_string,
+        "download_url",
+        download.DEFAULT_URL,
+        "Where --download fetches the .tar.gz from.",
+    )
+
+
+def define_train_flags():
+    define_data_flags()
+    define_download_flags()
+    d = _DEFAULTS
+    _define(
+        flags.DEFINE_string,
+        "model",
+        d.model,
+        "convnet (the tutorial network) or resnet20/32/44/56/110 (any 6n+2 depth).",
+    )
+    _define(
+        flags.DEFINE_string,
+        "augmentation",
+        "",
+        "tutorial (crop, flip, brightness, contrast) or resnet (pad 4, crop, flip); "
+        "empty: the model's own (tutorial for convnet, resnet for the ResNets).",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "num_towers",
+        d.num_towers,
+        "Towers (model replicas): GPUs, or virtual CPU devices when there are none. "
+        "0: one per GPU (one CPU tower when there is no GPU).",
+    )
+    _define(
+        flags.DEFINE_string,
+        "device_type",
+        "",
+        "gpu or cpu; empty: GPUs when the machine has them, else CPUs.",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "global_batch_size",
+        d.global_batch_size,
+        "Examples per optimizer step over ALL towers (each tower gets an equal share, "
+        "the first ones one more when it does not divide).",
+    )
+    _define(
+        flags.DEFINE_string,
+        "bn_mode",
+        d.bn_mode,
+        "Batch norm across towers: first_tower (moving statistics from tower 0), "
+        "all_towers (from the whole global batch), sync (also normalize with it).",
+    )
+    _define(
+        flags.DEFINE_float,
+        "bn_momentum",
+        d.bn_momentum,
+        "Decay of the batch-norm moving statistics used for evaluation.",
+    )
+    _define(
+        flags.DEFINE_string,
+        "param_device",
+        d.param_device,
+        "Where variables live: cpu (host) or gpu (spread over the tower GPUs).",
+    )
+    _define(flags.DEFINE_string, "optimizer", d.optimizer, "sgd or momentum.")
+    _define(flags.DEFINE_float, "momentum", d.momentum, "Momentum of --optimizer=momentum.")
+    _define(
+        flags.DEFINE_float,
+        "learning_rate",
+        d.learning_rate,
+        "Base learning rate (for a global batch of 128 when --scale_lr_with_batch).",
+    )
+    _define(
+        flags.DEFINE_bool,
+        "scale_lr_with_batch",
+        d.scale_lr_with_batch,
+        "Multiply --learning_rate by global_batch_size / 128 (linear scaling rule).",
+    )
+    _define(
+        flags.DEFINE_list,
+        "lr_decay_epochs",
+        [],
+        "Epochs at which the learning rate is multiplied by --lr_decay_factor, e.g. "
+        "100,150. Epochs count global batches: steps = epochs * examples / global batch.",
+    )
+    _define(
+        flags.DEFINE_float,
+        "lr_decay_factor",
+        d.lr_decay_factor,
+        "Multiplier of the learning rate at each of --lr_decay_epochs.",
+    )
+    _define(
+        flags.DEFINE_float,
+        "warmup_epochs",
+        d.warmup_epochs,
+        "Epochs of linear learning-rate warm-up (useful with large global batches).",
+    )
+    _define(
+        flags.DEFINE_float,
+        "weight_decay",
+        None,
+        "L2 weight decay; unset: the model's own (0.004 convnet, 2e-4 ResNets).",
+    )
+    _define(
+        flags.DEFINE_float,
+        "ema_decay",
+        None,
+        "Keep an exponential moving average of the weights with this decay (e.g. "
+        "0.999); eval and export then use the averaged weights. Unset: none.",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "max_steps",
+        d.max_steps,
+        "Global step to stop at (a restarted run continues up to it).",
+    )
+    _define(
+        flags.DEFINE_float,
+        "train_epochs",
+        d.train_epochs,
+        "If > 0, train this many epochs instead of --max_steps.",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "log_every_n_steps",
+        d.log_every_n_steps,
+        "Log step, loss, examples/sec and sec/batch this often.",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "save_checkpoint_steps",
+        d.save_checkpoint_steps,
+        "Checkpoint this often (and always at the end).",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "save_summaries_steps",
+        d.save_summaries_steps,
+        "Write TensorBoard summaries this often.",
+    )
+    _define(flags.DEFINE_integer, "seed", None, "Graph-level random seed (unset: random).")
+
+
+def define_eval_flags():
+    define_data_flags()
+    _define(
+        flags.DEFINE_string,
+        "eval_dir",
+        "",
+        "Folder for the evaluation TensorBoard events; empty: <train_dir>/eval.",
+    )
+    _define(flags.DEFINE_integer, "eval_batch_size", 500, "Examples per evaluation batch.")
+    _define(
+        flags.DEFINE_bool,
+        "continuous",
+        False,
+        "Evaluate every new checkpoint as it appears, until training reaches its last "
+        "step or --eval_timeout_secs pass without a new one.",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "eval_interval_secs",
+        30,
+        "With --continuous: at least this long between evaluations.",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "eval_timeout_secs",
+        600,
+        "With --continuous: stop after this long without a new checkpoint.",
+    )
+
+
+def define_export_flags():
+    define_train_dir_flag()
+    _define(
+        flags.DEFINE_string,
+        "export_dir",
+        "",
+        "Folder for SavedModels (one numbered by global step per export); empty: "
+        "<train_dir>/export.",
+    )
+
+
+def train_config_from_flags() -> config_lib.TrainConfig:
+    """The TrainConfig the parsed flags describe."""
+    try:
+        decay_epochs = [float(e) for e in FLAGS.lr_decay_epochs]
+    except ValueError as e:
+        raise config_lib.ConfigError(
+            "--lr_decay_epochs=%s: give numbers separated by commas, "
+            "e.g. 100,150." % ",".join(FLAGS.lr_decay_epochs)
+        ) from e
+    return config_lib.TrainConfig(
+        train_dir=FLAGS.train_dir,
+        data_dir=FLAGS.data_dir or None,
+        download=FLAGS.download,
+        download_url=FLAGS.download_url,
+        model=FLAGS.model,
+        augmentation=FLAGS.augmentation or None,
+        num_towers=FLAGS.num_towers,
+        device_type=FLAGS.device_type or None,
+        global_batch_size=FLAGS.global_batch_size,
+        bn_mode=FLAGS.bn_mode,
+        bn_momentum=FLAGS.bn_momentum,
+        param_device=FLAGS.param_device,
+        optimizer=FLAGS.optimizer,
+        momentum=FLAGS.momentum,
+        learning_rate=FLAGS.learning_rate,
+        scale_lr_with_batch=FLAGS.scale_lr_with_batch,
+        lr_decay_epochs=decay_epochs,
+        lr_decay_factor=FLAGS.lr_decay_factor,
+        warmup_epochs=FLAGS.warmup_epochs,
+        weight_decay=FLAGS.weight_decay,
+        ema_decay=FLAGS.ema_decay,
+        max_steps=FLAGS.max_steps,
+        train_epochs=FLAGS.train_epochs,
+        log_every_n_steps=FLAGS.log_every_n_steps,
+        save_checkpoint_steps=FLAGS.save_checkpoint_steps,
+        save_summaries_steps=FLAGS.save_summaries_steps,
+        seed=FLAGS.seed,
+    )

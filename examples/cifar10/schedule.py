@@ -1,0 +1,155 @@
+"""A learning-rate schedule stated in epochs and derived from the GLOBAL batch.
+
+One optimizer step consumes one global batch (all towers together), so
+
+    steps per epoch = examples per epoch / global batch size
+
+and a schedule written in epochs ("divide by 10 at epochs 100 and 150") means the same
+thing whether the global batch is spread over 1 tower or 8. The classic multi-GPU tutorial
+counted decay steps in per-tower batches, so adding GPUs silently changed its schedule.
+
+Optionally the base rate scales linearly with the global batch (Goyal et al., 2017): the
+rate is given for a reference batch of 128 and multiplied by global_batch / 128, with an
+optional linear warm-up over the first epochs.
+"""
+
+import dataclasses
+from typing import List, Sequence
+
+import tensorflow as tf
+
+REFERENCE_BATCH_SIZE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningRateSchedule:
+    """Piecewise-constant rate with an optional linear warm-up, in optimizer steps.
+
+    Attributes:
+      base_rate: the rate after warm-up and before the first decay (already scaled).
+      warmup_steps: steps over which the rate rises linearly from base_rate / warmup_steps
+        to base_rate (0: no warm-up).
+      boundaries: the steps at which the rate is multiplied by decay_factor, ascending.
+      decay_factor: the multiplier at each boundary.
+    """
+
+    base_rate: float
+    warmup_steps: int
+    boundaries: List[int]
+    decay_factor: float
+
+    def rate_at(self, step: int) -> float:
+        """The rate used by the update that brings global_step from ``step`` to step + 1."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.base_rate * (step + 1) / self.warmup_steps
+        decays = sum(1 for boundary in self.boundaries if step >= boundary)
+        return self.base_rate * self.decay_factor**decays
+
+    def tensor(self, global_step):
+        """The rate as a float32 scalar tensor of the int64 ``global_step`` variable."""
+        step = tf.cast(global_step, tf.int64)
+        values = tf.constant(
+            [
+                self.base_rate * self.decay_factor**i
+                for i in range(len(self.boundaries) + 1)
+            ],
+            tf.float32,
+        )
+        # The number of boundaries already reached (step >= boundary), as in rate_at.
+        decays = (
+            tf.reduce_sum(
+                tf.cast(
+                    tf.greater_equal(step, tf.constant(self.boundaries, tf.int64)), tf.int32
+                )
+            )
+            if self.boundaries
+            else tf.constant(0, tf.int32)
+        )
+        rate = tf.gather(values, decays)
+        if self.warmup_steps:
+            warm = self.base_rate * tf.cast(step + 1, tf.float32) / float(self.warmup_steps)
+            rate = tf.where(step < self.warmup_steps, warm, rate)
+        # Not named 'learning_rate': towerlib's summary of that name would become
+        # 'learning_rate_1' (v1 summary tags are uniquified against op names).
+        return tf.identity(rate, name="learning_rate_schedule")
+
+
+def steps_per_epoch(examples_per_epoch: int, global_batch_size: int) -> float:
+    """Optimizer steps in one pass over the training set (a float: epochs need not end on
+    a step)."""
+    if examples_per_epoch < 1 or global_batch_size < 1:
+        raise ValueError(
+            "examples_per_epoch and global_batch_size must be >= 1, got %d and %d"
+            % (examples_per_epoch, global_batch_size)
+        )
+    return examples_per_epoch / global_batch_size
+
+
+def epochs_to_steps(epochs: float, examples_per_epoch: int, global_batch_size: int) -> int:
+    """The optimizer step at which ``epochs`` passes over the training set are done."""
+    return int(round(epochs * steps_per_epoch(examples_per_epoch, global_batch_size)))
+
+
+def check_settings(
+    base_rate: float,
+    decay_epochs: Sequence[float],
+    decay_factor: float,
+    warmup_epochs: float,
+) -> List[float]:
+    """Checks the schedule's settings; returns decay_epochs as floats.
+
+    Raises:
+      ValueError: with what is wrong, for a bad rate, factor or epoch list.
+    """
+    if not base_rate > 0:
+        raise ValueError("The learning rate must be > 0, got %r." % base_rate)
+    if not 0 < decay_factor <= 1:
+        raise ValueError(
+            "The learning-rate decay factor must be in (0, 1], got %r." % decay_factor
+        )
+    decay_epochs = [float(e) for e in decay_epochs]
+    if any(e <= 0 for e in decay_epochs) or decay_epochs != sorted(decay_epochs):
+        raise ValueError(
+            "Learning-rate decay epochs must be positive and ascending, got %s."
+            % decay_epochs
+        )
+    if warmup_epochs < 0:
+        raise ValueError("warmup_epochs must be >= 0, got %r." % warmup_epochs)
+    return decay_epochs
+
+
+def make_schedule(
+    base_rate: float,
+    global_batch_size: int,
+    examples_per_epoch: int,
+    decay_epochs: Sequence[float] = (),
+    decay_factor: float = 0.1,
+    warmup_epochs: float = 0.0,
+    scale_with_batch: bool = False,
+) -> LearningRateSchedule:
+    """Turns a schedule in epochs into one in global-batch steps.
+
+    Args:
+      base_rate: the rate for a global batch of REFERENCE_BATCH_SIZE when scale_with_batch,
+        else the rate as it is.
+      global_batch_size: examples per optimizer step, over all towers.
+      examples_per_epoch: the size of the training set.
+      decay_epochs: epochs at which to multiply the rate by decay_factor, ascending.
+      decay_factor: in (0, 1].
+      warmup_epochs: epochs of linear warm-up (0: none).
+      scale_with_batch: multiply base_rate by global_batch_size / 128.
+
+    Raises:
+      ValueError: with what is wrong, for a bad rate, factor or epoch list.
+    """
+    decay_epochs = check_settings(base_rate, decay_epochs, decay_factor, warmup_epochs)
+    if scale_with_batch:
+        base_rate *= global_batch_size / REFERENCE_BATCH_SIZE
+    return LearningRateSchedule(
+        base_rate=base_rate,
+        warmup_steps=epochs_to_steps(warmup_epochs, examples_per_epoch, global_batch_size),
+        boundaries=[
+            epochs_to_steps(e, examples_per_epoch, global_batch_size) for e in decay_epochs
+        ],
+        decay_factor=decay_factor,
+    )
