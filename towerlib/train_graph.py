@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
+from towerlib import collective
 from towerlib import normalization
 from towerlib import gradients as gradients_lib
 from towerlib import summaries as summaries_lib
@@ -85,12 +86,11 @@ def _global_step_for(global_step, param_device, devices):
         return tf.compat.v1.train.get_or_create_global_step()
 
 
-def _make_cross_tower_reducer(bn_mode, devices):
+def _make_cross_tower_reducer(bn_mode, devices, timeout_seconds):
     """The reducer sync batch norm all-reduces through; None for other modes."""
     if bn_mode != "sync" or len(devices) == 1:
         return None
-    # bn_mode='sync' is completed by issue 3; batch_norm raises until then.
-    return None
+    return collective.CrossTowerReducer(devices, timeout_seconds=timeout_seconds)
 
 
 def _tower_shares(towers):
@@ -122,7 +122,8 @@ def _chosen_update_ops(towers, records, bn_mode):
 def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
                       global_step=None, ema_decay=None, learning_rate=None,
-                      var_list=None, summaries=True):
+                      var_list=None, summaries=True,
+                      sync_timeout_seconds=collective.DEFAULT_TIMEOUT_SECONDS):
     """Builds the multi-tower training step.
 
     Args:
@@ -147,6 +148,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         created (all trainable variables when they created none).
       summaries: add 'loss', 'total_loss', 'regularization_loss',
         'learning_rate' and the merged tower scalars to the SUMMARIES collection.
+      sync_timeout_seconds: with bn_mode='sync', how long a cross-tower
+        collective waits for the other towers before failing instead of hanging.
 
     Returns:
       A TrainGraph.
@@ -161,10 +164,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     trainable_before = set(tf.compat.v1.trainable_variables())
     regularization_before = tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
+    cross_tower = _make_cross_tower_reducer(bn_mode, devices, sync_timeout_seconds)
     towers, records = towers_lib.build_towers(
         tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
-        param_device=param_device, records=records,
-        cross_tower=_make_cross_tower_reducer(bn_mode, devices))
+        param_device=param_device, records=records, cross_tower=cross_tower)
+    if cross_tower is not None:
+        # A tower that made fewer synchronized calls fails here, at build time,
+        # not as a collective waiting for it at run time.
+        cross_tower.check_consistent()
 
     if var_list is None:
         trainable = tf.compat.v1.trainable_variables()
@@ -187,6 +194,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
             tower_grads_and_vars.append(optimizer.compute_gradients(
                 objective, var_list=var_list, colocate_gradients_with_ops=True))
 
+    if cross_tower is not None:
+        cross_tower.check_consistent()  # the backward collectives, too
     grads_and_vars = gradients_lib.aggregate_gradients(tower_grads_and_vars)
     update_ops = _chosen_update_ops(towers, records, bn_mode)
     with tf.control_dependencies(update_ops):

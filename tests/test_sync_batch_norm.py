@@ -1,0 +1,407 @@
+"""bn_mode='sync' on 2-4 virtual CPU devices against plain TF on one device.
+
+The reference is plain TensorFlow 1.x code on one device: its batch norm is
+written here with tf.nn.moments and UPDATE_OPS, independent of towerlib's, and
+it trains on the whole global batch with `minimize`. Both runs start from the
+same weights, set by variable name from numpy.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import towerlib
+from towerlib import layers
+from towerlib.collective import CollectiveMismatchError, CrossTowerReducer
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NUM_CLASSES = 3
+# Far from the default 0.99 so that 5 steps move the moving statistics a lot:
+# a wrong statistic cannot hide behind a slow average.
+BN_MOMENTUM = 0.5
+STEPS = 5
+
+
+def cpu_devices(n):
+    return [f"/device:CPU:{i}" for i in range(n)]
+
+
+def plain_tf_batch_norm(x, ctx, name):
+    """Reference batch norm: whole-batch moments, updates in UPDATE_OPS."""
+    del ctx
+    channels = x.shape[-1]
+    with tf.compat.v1.variable_scope(name):
+        beta = tf.compat.v1.get_variable("beta", [channels], initializer=tf.zeros_initializer())
+        gamma = tf.compat.v1.get_variable("gamma", [channels], initializer=tf.ones_initializer())
+        moving_mean = tf.compat.v1.get_variable(
+            "moving_mean", [channels], initializer=tf.zeros_initializer(), trainable=False
+        )
+        moving_variance = tf.compat.v1.get_variable(
+            "moving_variance", [channels], initializer=tf.ones_initializer(), trainable=False
+        )
+        mean, variance = tf.nn.moments(x, list(range(x.shape.rank - 1)))
+        for variable, value in ((moving_mean, mean), (moving_variance, variance)):
+            tf.compat.v1.add_to_collection(
+                tf.compat.v1.GraphKeys.UPDATE_OPS,
+                variable.assign(BN_MOMENTUM * variable + (1 - BN_MOMENTUM) * value),
+            )
+        return tf.nn.batch_normalization(x, mean, variance, beta, gamma, 1e-3)
+
+
+def towerlib_batch_norm(x, ctx, name):
+    return towerlib.batch_norm(x, ctx, name=name, momentum=BN_MOMENTUM, epsilon=1e-3)
+
+
+def conv_dense_model(inputs, ctx, batch_norm=towerlib_batch_norm, extra_batch_norm_in_tower=None):
+    """[B, 6, 6, 2] images -> conv, bn, relu, pool, dense, bn, relu, dense."""
+    images, labels = inputs
+    h = layers.conv2d(images, 4, 3, name="conv1", use_bias=False)
+    h = tf.nn.relu(batch_norm(h, ctx, "bn_conv1"))
+    h = layers.flatten(layers.max_pool2d(h, 2, 2))
+    h = layers.dense(h, 8, name="fc1", use_bias=False)
+    h = tf.nn.relu(batch_norm(h, ctx, "bn_fc1"))
+    if extra_batch_norm_in_tower is not None and (ctx.index == extra_batch_norm_in_tower):
+        with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
+            h = batch_norm(h, ctx, "bn_fc1")  # reuses the layer: no new variable
+    logits = layers.dense(h, NUM_CLASSES, name="logits")
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
+
+
+def batches(global_batch, steps=STEPS, seed=0, offset=0.0):
+    rng = np.random.RandomState(seed)
+    return [
+        (
+            (offset + rng.randn(global_batch, 6, 6, 2)).astype(np.float32),
+            rng.randint(0, NUM_CLASSES, global_batch).astype(np.int32),
+        )
+        for _ in range(steps)
+    ]
+
+
+def initial_values(variables, seed=123):
+    """Starting weights by name; batch-norm variables keep their initializers."""
+    values = {}
+    for index, var in enumerate(sorted(variables, key=lambda v: v.op.name)):
+        if var.op.name.split("/")[-1] in ("weights", "biases"):
+            rng = np.random.RandomState(seed + index)
+            values[var.op.name] = (0.3 * rng.randn(*var.shape.as_list())).astype(np.float32)
+    return values
+
+
+def model_variables():
+    return [
+        v
+        for v in tf.compat.v1.global_variables()
+        if "global_step" not in v.op.name and "Momentum" not in v.op.name
+    ]
+
+
+def make_optimizer(kind):
+    if kind == "sgd":
+        return tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    return tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
+
+
+def train_reference(data, optimizer_kind):
+    """Plain TF 1 on one device, whole global batch; final variables by name."""
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf.compat.v1.placeholder(tf.float32, data[0][0].shape)
+        labels = tf.compat.v1.placeholder(tf.int32, data[0][1].shape)
+        loss = conv_dense_model((images, labels), None, batch_norm=plain_tf_batch_norm)
+        with tf.control_dependencies(
+            tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        ):
+            train_op = make_optimizer(optimizer_kind).minimize(loss)
+        variables = model_variables()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for var, value in _assignments(variables):
+                var.load(value, sess)
+            for image_batch, label_batch in data:
+                sess.run(train_op, {images: image_batch, labels: label_batch})
+            return {v.op.name: sess.run(v) for v in variables}
+
+
+def _assignments(variables):
+    values = initial_values(variables)
+    return [(v, values[v.op.name]) for v in variables if v.op.name in values]
+
+
+def train_towerlib(
+    data, num_towers, optimizer_kind, bn_mode="sync", param_device="cpu", shard_sizes=None
+):
+    """towerlib on `num_towers` virtual CPUs; final variables by name.
+
+    shard_sizes: if given, each tower reads its own slice of the global batch
+    through an input function (ctx -> batch), with these (unequal) sizes.
+    """
+    graph = tf.Graph()
+    with graph.as_default():
+        images = tf.compat.v1.placeholder(tf.float32, data[0][0].shape)
+        labels = tf.compat.v1.placeholder(tf.int32, data[0][1].shape)
+        inputs = (images, labels)
+        if shard_sizes is not None:
+            assert sum(shard_sizes) == data[0][0].shape[0]
+            starts = np.cumsum([0] + list(shard_sizes))
+
+            def inputs(ctx):
+                begin, end = starts[ctx.index], starts[ctx.index + 1]
+                return images[begin:end], labels[begin:end]
+
+        train = towerlib.build_train_graph(
+            conv_dense_model,
+            inputs,
+            make_optimizer(optimizer_kind),
+            devices=cpu_devices(num_towers),
+            bn_mode=bn_mode,
+            param_device=param_device,
+            sync_timeout_seconds=60,
+            summaries=False,
+        )
+        variables = model_variables()
+        with tf.compat.v1.Session(config=towerlib.session_config(num_towers)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for var, value in _assignments(variables):
+                var.load(value, sess)
+            for image_batch, label_batch in data:
+                sess.run(train.train_op, {images: image_batch, labels: label_batch})
+            return {v.op.name: sess.run(v) for v in variables}
+
+
+def max_abs_difference(got, want):
+    assert sorted(got) == sorted(want)
+    return max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
+
+
+@pytest.mark.parametrize(
+    "num_towers,global_batch,optimizer_kind",
+    [
+        (2, 16, "sgd"),
+        (3, 17, "momentum"),  # 17 = 6 + 6 + 5: not divisible
+        (4, 18, "sgd"),  # 18 = 5 + 5 + 4 + 4
+    ],
+)
+def test_sync_training_matches_one_device_on_the_global_batch(
+    num_towers, global_batch, optimizer_kind
+):
+    data = batches(global_batch, seed=num_towers)
+    want = train_reference(data, optimizer_kind)
+    got = train_towerlib(data, num_towers, optimizer_kind)
+    assert any(k.endswith("bn_conv1/moving_variance") for k in got)
+    assert any(k.endswith("bn_fc1/gamma") for k in got)
+    assert max_abs_difference(got, want) <= 1e-5
+
+
+def test_per_tower_statistics_would_fail_the_same_comparison():
+    """The comparison above has teeth: shard statistics are measurably off."""
+    data = batches(16, seed=2)
+    want = train_reference(data, "sgd")
+    got = train_towerlib(data, 2, "sgd", bn_mode="all_towers")
+    assert max_abs_difference(got, want) > 1e-3
+
+
+@pytest.mark.parametrize("param_device", ["gpu", "cpu"])
+def test_sync_with_input_function_unequal_shards_and_param_device(param_device):
+    data = batches(15, seed=5)
+    want = train_reference(data, "momentum")
+    got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4])
+    assert max_abs_difference(got, want) <= 1e-5
+
+
+@pytest.mark.parametrize("num_towers,shard_sizes", [(2, [7, 3]), (3, [5, 1, 4])])
+def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_sizes):
+    """Inputs around 1e4 with spread 0.05: E[x^2] - E[x]^2 in float32 would be
+    off by several units (its terms are ~1e8, float32 spacing there is 8); the
+    variances here are 4e-4 to 1e-2 and must come out to 1e-5 relative."""
+    rng = np.random.RandomState(0)
+    scales = np.array([0.05, 0.02, 0.1], np.float32)
+    x = (1e4 + scales * rng.randn(sum(shard_sizes), 5, 3)).astype(np.float32)
+    starts = np.cumsum([0] + shard_sizes)
+    with tf.Graph().as_default():
+        devices = cpu_devices(num_towers)
+        reducer = CrossTowerReducer(devices, timeout_seconds=30)
+
+        def forward(_, ctx):
+            shard = tf.constant(x[starts[ctx.index] : starts[ctx.index + 1]])
+            return {"normalized": towerlib.batch_norm(shard, ctx, name="bn", epsilon=1e-9)}
+
+        towers, records = towerlib.build_towers(
+            forward,
+            lambda ctx: tf.zeros([shard_sizes[ctx.index]]),
+            devices=devices,
+            is_training=True,
+            bn_mode="sync",
+            cross_tower=reducer,
+            require_loss=False,
+        )
+        reducer.check_consistent()
+        stats = records.batch_norm["bn"]
+        with tf.compat.v1.Session(config=towerlib.session_config(num_towers)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            counts, means, variances, outputs = sess.run(
+                [
+                    [s.count for s in stats],
+                    [s.mean for s in stats],
+                    [s.variance for s in stats],
+                    [t.outputs["normalized"] for t in towers],
+                ]
+            )
+    x64 = x.astype(np.float64).reshape(-1, 3)
+    want_mean, want_variance = x64.mean(0), x64.var(0)
+    for tower in range(num_towers):
+        assert counts[tower] == x64.shape[0]
+        np.testing.assert_allclose(means[tower], want_mean, rtol=1e-7)
+        np.testing.assert_allclose(variances[tower], want_variance, rtol=1e-5)
+        assert np.all(variances[tower] > 0)
+    # The towers' outputs together are the whole batch, normalized. Float32
+    # spaces values near 1e4 by 1e-3, i.e. 0.05 standard deviations of the
+    # 0.02-spread channel: that, not the statistics, bounds the outputs' mean.
+    normalized = np.concatenate(outputs).reshape(-1, 3)
+    np.testing.assert_allclose(normalized.mean(0), 0.0, atol=0.05)
+    np.testing.assert_allclose(normalized.std(0), 1.0, rtol=1e-2)
+
+
+def test_inference_uses_moving_statistics_without_collectives_on_one_tower():
+    with tf.Graph().as_default() as graph:
+        data = batches(8, steps=1)[0]
+        train = towerlib.build_train_graph(
+            conv_dense_model,
+            tuple(tf.constant(t) for t in data),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            devices=cpu_devices(2),
+            bn_mode="sync",
+            summaries=False,
+        )
+        assert [op for op in graph.get_operations() if op.type == "CollectiveGather"]
+        collectives_before = {
+            op.name for op in graph.get_operations() if op.type.startswith("Collective")
+        }
+        captured = {}
+
+        def evaluate(inputs, ctx):
+            images, _ = inputs
+            h = layers.conv2d(images, 4, 3, name="conv1", use_bias=False)
+            captured["conv"] = h
+            captured["bn"] = towerlib_batch_norm(h, ctx, "bn_conv1")
+            return {"loss": conv_dense_model(inputs, ctx)}
+
+        with tf.compat.v1.variable_scope("", reuse=True):
+            towers, _ = towerlib.build_towers(
+                evaluate,
+                tuple(tf.constant(t) for t in data),
+                num_towers=1,
+                is_training=False,
+                bn_mode="sync",
+                reuse_variables=True,
+            )
+        assert {
+            op.name for op in graph.get_operations() if op.type.startswith("Collective")
+        } == collectives_before
+        with tf.compat.v1.variable_scope("bn_conv1", reuse=True):
+            moving_mean = tf.compat.v1.get_variable("moving_mean")
+            moving_variance = tf.compat.v1.get_variable("moving_variance")
+            gamma = tf.compat.v1.get_variable("gamma")
+            beta = tf.compat.v1.get_variable("beta")
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train.train_op)
+            conv, bn, mean, variance, gamma, beta = sess.run(
+                [captured["conv"], captured["bn"], moving_mean, moving_variance, gamma, beta]
+            )
+            sess.run(towers[0].loss)  # one tower alone runs: nothing to wait for
+    assert not np.allclose(mean, 0.0)  # the step updated it
+    np.testing.assert_allclose(
+        bn, gamma * (conv - mean) / np.sqrt(variance + 1e-3) + beta, rtol=1e-4, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("extra_in_tower", [0, 1])
+def test_towers_calling_batch_norm_differently_fail_at_build_time(extra_in_tower):
+    start = time.time()
+    with tf.Graph().as_default():
+        data = batches(8, steps=1)[0]
+        model = functools.partial(conv_dense_model, extra_batch_norm_in_tower=extra_in_tower)
+        with pytest.raises(CollectiveMismatchError) as raised:
+            towerlib.build_train_graph(
+                model,
+                tuple(tf.constant(t) for t in data),
+                tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                devices=cpu_devices(2),
+                bn_mode="sync",
+            )
+    message = str(raised.value)
+    counts = (3, 2) if extra_in_tower == 0 else (2, 3)
+    assert f"tower 0: {counts[0]}, tower 1: {counts[1]}" in message
+    assert "'bn_fc1'" in message
+    assert "same number of times" in message
+    assert time.time() - start < 60
+
+
+def test_sync_training_without_a_reducer_is_a_clear_error():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="no cross-tower reducer"):
+            towerlib.build_towers(
+                conv_dense_model,
+                tuple(tf.constant(t) for t in batches(4, 1)[0]),
+                devices=cpu_devices(2),
+                is_training=True,
+                bn_mode="sync",
+            )
+
+
+_PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
+    import time
+    import numpy as np
+    import tensorflow as tf
+    import towerlib
+    from towerlib.collective import CollectiveTimeoutError, explain_collective_errors
+    from tests.test_sync_batch_norm import batches, conv_dense_model, cpu_devices
+    with tf.Graph().as_default():
+      data = batches(8, steps=1)[0]
+      train = towerlib.build_train_graph(
+          conv_dense_model, tuple(tf.constant(t) for t in data),
+          tf.compat.v1.train.GradientDescentOptimizer(0.1),
+          devices=cpu_devices(2), bn_mode='sync', sync_timeout_seconds=2.0)
+      with tf.compat.v1.Session(config=towerlib.session_config(2)) as sess:
+        sess.run(tf.compat.v1.global_variables_initializer())
+        start = time.time()
+        try:
+          with explain_collective_errors():
+            sess.run(train.tower_losses[0])   # tower 1 never runs
+          print('NO ERROR')
+        except CollectiveTimeoutError as error:
+          print('ELAPSED', time.time() - start)
+          print('MESSAGE', error.message.replace('\\n', ' '))
+""")
+
+
+def test_fetching_one_towers_loss_ends_in_a_clear_error_within_a_bound():
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", _PARTIAL_FETCH_SCRIPT],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO_ROOT,
+    )
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert "MESSAGE" in lines, result.stdout + result.stderr[-3000:]
+    assert float(lines["ELAPSED"]) < 20.0
+    assert "bn_conv1_cross_tower_gather" in lines["MESSAGE"]
+    assert "fetch the train op" in lines["MESSAGE"]

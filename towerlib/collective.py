@@ -1,0 +1,676 @@
+"""Cross-tower reductions for graph mode: the primitive under bn_mode='sync'.
+
+Every tower of a build calls the same reductions in the same order. The k-th
+call in tower 0 is paired with the k-th call in every other tower by sharing a
+collective *instance key*; all towers of one reducer share a *group key*.
+
+    reducer = CrossTowerReducer(['/device:GPU:0', '/device:GPU:1'])
+    for i, device in enumerate(reducer.devices):
+      with tf.device(device):
+        total = reducer.sum(local_stats, tower_index=i, name='bn1')
+    reducer.check_consistent()   # once every tower (and its gradients) is built
+
+Why collective ops rather than an add_n on one device: they run on the tower
+devices themselves (NCCL between GPUs), so the statistics never cross to a
+parameter device and no device becomes a hub.
+
+The collectives are exact in both directions. They have no registered
+gradient, so each one is wrapped in a ``tf.custom_gradient`` whose backward is
+itself a collective with its own instance key:
+
+  * ``sum``: y = sum_t x_t on every tower, so dL/dx_i = sum_t dL_t/dy_t: the
+    backward is an all-reduce of the incoming gradients.
+  * ``gather``: y = [x_0; ...; x_{T-1}] on every tower, so dL/dx_i is row i of
+    sum_t dL_t/dy_t: an all-reduce followed by taking this tower's row.
+
+A collective waits for every member of its group. Three things keep a
+mistake from becoming a silent hang:
+
+  * at build time, every call is compared with the same call of the other
+    towers (shapes, dtypes, kind), and ``check_consistent()`` compares the
+    number of calls, naming the tower and the call that differ;
+  * at run time, every collective op has a bounded ``timeout_seconds``; a
+    ``session.run`` that fetches only some towers' tensors ends in
+    ``DeadlineExceededError``, which ``explain_collective_errors()`` turns
+    into a ``CollectiveTimeoutError`` saying what happened and what to do;
+  * with NCCL, each collective of a tower gets a control dependency on the
+    tower's previous collective (in creation order), so every GPU launches
+    them in the same order: NCCL kernels launched in different orders on
+    different GPUs deadlock. Creation order is a topological order, so these
+    edges never make a cycle. The CPU ring pairs ops by instance key and
+    needs no order, so there the ops stay free to run as soon as they can.
+"""
+
+import contextlib
+import dataclasses
+import numbers
+import threading
+import weakref
+from typing import List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+from tensorflow.python.ops import collective_ops
+
+__all__ = [
+    "DEFAULT_TIMEOUT_SECONDS",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CrossTowerReducer",
+    "explain_collective_errors",
+]
+
+# A collective that waits longer than this for the other towers fails instead
+# of hanging. Generous on purpose: a tower may legitimately lag behind the
+# others by a whole step on the first run (graph start-up, autotuning, input
+# pipeline warm-up), and a false alarm aborts the Session's collectives.
+DEFAULT_TIMEOUT_SECONDS = 300.0
+
+# Off NCCL, a sum whose gathered copies (num_towers x size) stay under this
+# many elements is computed as an all-gather plus a local sum: half the
+# sequential ring steps of an all-reduce (see CrossTowerReducer._collective_sum).
+_GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS = 1 << 16
+
+# Keys start far from 0 so that towerlib's collectives do not collide with
+# other users of collective ops in the same graph (tf.distribute starts at 1).
+_GROUP_KEY_BASE = 0x7A0000
+_INSTANCE_KEY_BASE = 0x7A0000
+
+
+class CollectiveMismatchError(ValueError):
+    """Towers of one reducer made different sequences of reductions.
+
+    Raised while the graph is built: run, such a graph would wait forever (or
+    until the timeout) for a partner call that does not exist.
+    """
+
+
+class CollectiveTimeoutError(tf.errors.DeadlineExceededError):
+    """A cross-tower collective waited longer than its timeout for its peers."""
+
+    def __init__(self, original, message):
+        super().__init__(original.node_def, original.op, message)
+        self.original = original
+
+
+class _KeyAllocator:
+    """Group and instance keys for the collectives of one graph.
+
+    Kept per graph (see ``_allocator_for``) so that two reducers in one graph
+    never share a key, while a new graph starts from the same keys as the last
+    one: no counter leaks from one graph into the next.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next_group_key = _GROUP_KEY_BASE
+        self._next_instance_key = _INSTANCE_KEY_BASE
+        self.used_group_keys = set()
+
+    def new_group_key(self) -> int:
+        with self._lock:
+            while self._next_group_key in self.used_group_keys:
+                self._next_group_key += 1
+            key = self._next_group_key
+            self.used_group_keys.add(key)
+            self._next_group_key += 1
+            return key
+
+    def claim_group_key(self, key: int) -> None:
+        with self._lock:
+            if key in self.used_group_keys:
+                raise ValueError(
+                    f"group_key {key} is already used by another CrossTowerReducer in "
+                    "this graph. Two reducers with one group key would pair each "
+                    "other's collectives; pass group_key=None to get a fresh key."
+                )
+            self.used_group_keys.add(key)
+
+    def new_instance_key(self) -> int:
+        with self._lock:
+            key = self._next_instance_key
+            self._next_instance_key += 1
+            return key
+
+
+# Keyed by the graph object, held weakly: the allocator lives exactly as long
+# as its graph. A graph collection would also work, but Saver.export_meta_graph
+# tries to serialize every collection and warns about ones it cannot.
+_ALLOCATORS = weakref.WeakKeyDictionary()
+_ALLOCATORS_LOCK = threading.Lock()
+
+
+def _allocator_for(graph: tf.Graph) -> _KeyAllocator:
+    with _ALLOCATORS_LOCK:
+        allocator = _ALLOCATORS.get(graph)
+        if allocator is None:
+            allocator = _KeyAllocator()
+            _ALLOCATORS[graph] = allocator
+        return allocator
+
+
+@dataclasses.dataclass(frozen=True)
+class _CallRecord:
+    """What one tower asked for in one call; compared across towers."""
+
+    kind: str  # 'sum' | 'gather', with '/backward' appended for gradients
+    name: str
+    shapes: Tuple[Tuple[Optional[int], ...], ...]
+    dtype: str
+
+    def describe(self) -> str:
+        shapes = ", ".join(str(list(s)) for s in self.shapes)
+        return f"{self.kind} '{self.name}' of {self.dtype} [{shapes}]"
+
+    def conflicts_with(self, other: "_CallRecord") -> bool:
+        if (self.kind, self.dtype, len(self.shapes)) != (
+            other.kind,
+            other.dtype,
+            len(other.shapes),
+        ):
+            return True
+        for mine, theirs in zip(self.shapes, other.shapes):
+            if not tf.TensorShape(mine).is_compatible_with(tf.TensorShape(theirs)):
+                return True
+        return False
+
+
+def _shape_tuple(tensor) -> Tuple[Optional[int], ...]:
+    if tensor.shape.rank is None:
+        raise ValueError(
+            f"Cannot reduce {tensor.name} across towers: its rank is unknown. "
+            "Give it a static rank (tf.ensure_shape / set_shape)."
+        )
+    return tuple(tensor.shape.as_list())
+
+
+class CrossTowerReducer:
+    """Sums or gathers tensors across the towers of one graph build.
+
+    Args:
+      devices: one device string per tower, e.g. '/device:GPU:0' or
+        '/device:CPU:3'; tower i's collectives are placed on devices[i].
+      group_key: collective group key shared by these towers. None (the
+        default) allocates a key unique within the current graph.
+      timeout_seconds: how long any collective waits for the other towers
+        before failing with DeadlineExceededError. Must be > 0: a collective
+        without a timeout waits forever for a tower that never comes.
+      communication_hint: 'nccl', 'ring' or 'auto'. None picks 'nccl' when every
+        device is a GPU and 'auto' (ring) otherwise.
+      ordered: chain each tower's collectives in creation order with control
+        dependencies. None means: only for 'nccl', which needs it.
+
+    With one device no collective is built: ``sum`` is the identity and
+    ``gather`` adds a leading axis of size 1.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[str],
+        group_key: Optional[int] = None,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        communication_hint: Optional[str] = None,
+        ordered: Optional[bool] = None,
+    ):
+        devices = list(devices)
+        if not devices:
+            raise ValueError("CrossTowerReducer needs at least one device; got none.")
+        canonical = [tf.DeviceSpec.from_string(d).to_string() for d in devices]
+        if len(set(canonical)) != len(canonical):
+            raise ValueError(
+                f"CrossTowerReducer devices must be distinct (one per tower), got "
+                f"{devices}: a collective needs each member on its own device."
+            )
+        if timeout_seconds is None or not timeout_seconds > 0:
+            raise ValueError(
+                f"timeout_seconds must be a positive number of seconds, got "
+                f"{timeout_seconds!r}: without a timeout a collective whose peers "
+                "never run waits forever."
+            )
+        if communication_hint is None:
+            types = {tf.DeviceSpec.from_string(d).device_type for d in devices}
+            communication_hint = "nccl" if types == {"GPU"} else "auto"
+        if communication_hint not in ("auto", "ring", "nccl"):
+            raise ValueError(
+                f"communication_hint must be 'auto', 'ring' or 'nccl', got {communication_hint!r}."
+            )
+
+        self._graph = tf.compat.v1.get_default_graph()
+        self._keys = _allocator_for(self._graph)
+        if len(devices) > 1:
+            if group_key is None:
+                group_key = self._keys.new_group_key()
+            else:
+                self._keys.claim_group_key(int(group_key))
+        self._devices = devices
+        self._group_key = group_key
+        self._timeout_seconds = float(timeout_seconds)
+        self._communication_hint = communication_hint
+        self._ordered = (communication_hint == "nccl") if ordered is None else bool(ordered)
+
+        self._lock = threading.Lock()
+        # Per tower, the forward calls and the backward calls, in creation order.
+        self._forward_calls: List[List[_CallRecord]] = [[] for _ in devices]
+        self._backward_calls: List[List[_CallRecord]] = [[] for _ in devices]
+        # Which tower first made forward call k / backward call k (the reference).
+        self._forward_reference: List[int] = []
+        self._backward_reference: List[int] = []
+        # Instance keys: forward call k -> key; backward call k -> key.
+        self._forward_keys: List[int] = []
+        self._backward_keys: List[int] = []
+        # Per tower, the last collective op built, to chain the next one after it
+        # (when self._ordered).
+        self._last_collective = [None for _ in devices]
+
+    @property
+    def devices(self) -> List[str]:
+        return list(self._devices)
+
+    @property
+    def num_towers(self) -> int:
+        return len(self._devices)
+
+    @property
+    def group_key(self) -> Optional[int]:
+        """The collective group key, or None for a one-tower reducer."""
+        return self._group_key
+
+    @property
+    def timeout_seconds(self) -> float:
+        return self._timeout_seconds
+
+    @property
+    def communication_hint(self) -> str:
+        return self._communication_hint
+
+    @property
+    def ordered(self) -> bool:
+        """Whether each tower's collectives are chained in creation order."""
+        return self._ordered
+
+    def num_calls(self, tower_index: int) -> int:
+        """Forward reductions tower `tower_index` has built so far."""
+        return len(self._forward_calls[tower_index])
+
+    # ---------------------------------------------------------------- public ops
+
+    def sum(
+        self,
+        tensors,
+        tower_index: int,
+        name: Optional[str] = None,
+        in_gradient: bool = False,
+    ):
+        """Element-wise sum over towers of `tensors`, on every tower.
+
+        Args:
+          tensors: a tensor or a list of tensors of one dtype; each must have the
+            same shape in every tower. A list goes through ONE collective (its
+            tensors are flattened and concatenated), which is what keeps the
+            cost per batch-norm layer to one round trip.
+          tower_index: which tower is calling, 0 <= tower_index < num_towers.
+          name: names the call in errors and in the graph (e.g. the layer).
+          in_gradient: True when called from a gradient function (a
+            tf.custom_gradient backward): the call is then paired and checked
+            with the other towers' backward calls, in the order tf.gradients
+            builds them, with instance keys of its own.
+
+        Returns:
+          The same structure as `tensors`: each tensor summed over all towers,
+          placed on this tower's device. Differentiable: the gradient is the sum
+          of all towers' incoming gradients (exact data-parallel gradient).
+        """
+        return self._reduce("sum", tensors, tower_index, name, in_gradient)
+
+    def gather(self, tensors, tower_index: int, name: Optional[str] = None):
+        """Every tower's `tensors`, stacked along a new leading tower axis.
+
+        Args:
+          tensors: a tensor or a list of tensors of one dtype, with the same shape
+            in every tower (one collective for the whole list).
+          tower_index: which tower is calling.
+          name: names the call in errors and in the graph.
+
+        Returns:
+          The same structure as `tensors`: a tensor of shape
+          [num_towers, *shape] whose row t is tower t's value. Differentiable:
+          the gradient for this tower's input is row `tower_index` of the sum of
+          all towers' incoming gradients.
+
+        Use it instead of ``sum`` when the combination must see each tower's
+        value, e.g. combining per-tower means and variances without cancellation.
+        """
+        return self._reduce("gather", tensors, tower_index, name)
+
+    def check_consistent(self) -> None:
+        """Raises CollectiveMismatchError unless all towers made the same calls.
+
+        Call it once every tower has been built, including its gradients (the
+        backward collectives are built by tf.gradients and are checked too).
+        Per-call shapes and dtypes are already checked as the calls are made;
+        this adds the check only possible at the end: the number of calls.
+        """
+        self._check_counts("forward")
+        self._check_counts("backward")
+
+    def _check_counts(self, direction):
+        calls = self._forward_calls if direction == "forward" else self._backward_calls
+        counts = [len(c) for c in calls]
+        if len(set(counts)) <= 1:
+            return
+        fewest, most = min(counts), max(counts)
+        short_tower = counts.index(fewest)
+        long_tower = counts.index(most)
+        first_missing = calls[long_tower][fewest]
+        raise CollectiveMismatchError(
+            f"Towers made different numbers of {direction} cross-tower "
+            "reductions: "
+            + ", ".join(f"tower {t}: {n}" for t, n in enumerate(counts))
+            + f". Tower {short_tower} never made reduction #{fewest} "
+            f"({first_missing.describe()}, made by tower {long_tower}), so that "
+            "collective would wait for it until it times out. Every tower must "
+            "call the synchronized layers (e.g. batch_norm with "
+            "bn_mode='sync') the same number of times in the same order; do not "
+            "make them depend on ctx.index or ctx.is_first."
+        )
+
+    # -------------------------------------------------------------- internals
+
+    def _check_tower(self, tower_index):
+        if (
+            isinstance(tower_index, bool)
+            or not isinstance(tower_index, numbers.Integral)
+            or not (0 <= tower_index < len(self._devices))
+        ):
+            raise ValueError(
+                f"tower_index must be an int in [0, {len(self._devices)}), got {tower_index!r}."
+            )
+        graph = tf.compat.v1.get_default_graph()
+        if graph is not self._graph:
+            raise ValueError(
+                "CrossTowerReducer used in a different graph than the one it was "
+                "created in (or inside a tf.function / control-flow body). Create "
+                "the reducer in the graph that holds the towers, and call it "
+                "directly in that graph."
+            )
+
+    def _record(self, direction: str, tower_index: int, record: _CallRecord) -> int:
+        """Appends `record` to the tower's calls; returns the call's index.
+
+        Compares it with the same call of the tower that made it first and
+        raises CollectiveMismatchError at once if they differ.
+        """
+        if direction == "forward":
+            calls, reference, keys = (
+                self._forward_calls,
+                self._forward_reference,
+                self._forward_keys,
+            )
+        else:
+            calls, reference, keys = (
+                self._backward_calls,
+                self._backward_reference,
+                self._backward_keys,
+            )
+        with self._lock:
+            index = len(calls[tower_index])
+            if index < len(reference):
+                ref_tower = reference[index]
+                ref = calls[ref_tower][index]
+                if record.conflicts_with(ref):
+                    raise CollectiveMismatchError(
+                        f"Cross-tower {direction} reduction #{index} differs between "
+                        f"towers: tower {ref_tower} made {ref.describe()} but tower "
+                        f"{tower_index} made {record.describe()}. Their collectives "
+                        "would be paired and fail or wait forever. Every tower must "
+                        "call the synchronized layers in the same order with the same "
+                        "shapes (same layers, same channels)."
+                    )
+            else:
+                reference.append(tower_index)
+                keys.append(self._keys.new_instance_key())
+            calls[tower_index].append(record)
+            return index
+
+    def _reduce(self, kind, tensors, tower_index, name, in_gradient=False):
+        self._check_tower(tower_index)
+        tower_index = int(tower_index)
+        single = not isinstance(tensors, (list, tuple))
+        flat = [tf.convert_to_tensor(t) for t in ([tensors] if single else tensors)]
+        if not flat:
+            raise ValueError(f"CrossTowerReducer.{kind} got an empty list.")
+        dtypes = {t.dtype for t in flat}
+        if len(dtypes) != 1:
+            raise ValueError(
+                f"CrossTowerReducer.{kind} ({name}) got tensors of several dtypes "
+                f"{sorted(d.name for d in dtypes)}; one call packs its tensors into "
+                "one collective, so they must share a dtype. Cast them, or make one "
+                "call per dtype."
+            )
+        name = name or f"cross_tower_{kind}"
+        direction = "backward" if in_gradient else "forward"
+        record = _CallRecord(
+            kind + ("/backward" if in_gradient else ""),
+            name,
+            tuple(_shape_tuple(t) for t in flat),
+            flat[0].dtype.name,
+        )
+        call_index = self._record(direction, tower_index, record)
+        keys = self._backward_keys if in_gradient else self._forward_keys
+        instance_key = keys[call_index]
+
+        with tf.name_scope(f"{_scope_name(name)}_cross_tower_{kind}"):
+            if len(self._devices) == 1:
+                result = flat if kind == "sum" else [t[tf.newaxis] for t in flat]
+                return result[0] if single else result
+            with tf.device(self._devices[tower_index]):
+                packed, unpack = _pack(flat)
+                if kind == "sum":
+                    reduced = self._differentiable_sum(packed, tower_index, instance_key, name)
+                    result = unpack(reduced, leading=[])
+                else:
+                    gathered = self._differentiable_gather(
+                        packed[tf.newaxis], tower_index, instance_key, name
+                    )
+                    result = unpack(gathered, leading=[len(self._devices)])
+        return result[0] if single else result
+
+    def _order_after(self, tower_index):
+        """Control inputs that keep this tower's collectives in creation order."""
+        previous = self._last_collective[tower_index]
+        if not self._ordered or previous is None:
+            return []
+        return [previous]
+
+    def _collective_sum(self, tensor, tower_index, instance_key):
+        """Sum over towers of `tensor` ([K]), by one collective on this tower.
+
+        A ring all-reduce takes 2 (T - 1) steps one after the other; a ring
+        all-gather T - 1. For the small vectors of batch-norm statistics the
+        steps' latency is the whole cost (on CPU each is a thread hand-off),
+        so off NCCL small sums gather every tower's vector and add them up
+        locally, in tower order: the same bits on every tower.
+        """
+        size = tensor.shape.num_elements()
+        if (
+            self._communication_hint != "nccl"
+            and size is not None
+            and size * len(self._devices) <= _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS
+        ):
+            gathered = self._collective_gather(tensor[tf.newaxis], tower_index, instance_key)
+            with tf.device(self._devices[tower_index]):
+                return tf.reduce_sum(gathered, axis=0)
+        with tf.device(self._devices[tower_index]):
+            deps = self._order_after(tower_index)
+            with tf.control_dependencies(deps):
+                out = collective_ops.all_reduce(
+                    tensor,
+                    len(self._devices),
+                    self._group_key,
+                    instance_key,
+                    merge_op="Add",
+                    final_op="Id",
+                    communication_hint=self._communication_hint,
+                    timeout=self._timeout_seconds,
+                )
+        self._last_collective[tower_index] = out.op
+        return out
+
+    def _collective_gather(self, tensor, tower_index, instance_key):
+        """One all-gather op (along axis 0) on this tower's device."""
+        with tf.device(self._devices[tower_index]):
+            deps = self._order_after(tower_index)
+            with tf.control_dependencies(deps):
+                out = collective_ops.all_gather(
+                    tensor,
+                    len(self._devices),
+                    self._group_key,
+                    instance_key,
+                    communication_hint=self._communication_hint,
+                    timeout=self._timeout_seconds,
+                )
+        self._last_collective[tower_index] = out.op
+        out.set_shape([len(self._devices)] + tensor.shape.as_list()[1:])
+        return out
+
+    def _backward_key(self, kind, tower_index, name, grad):
+        record = _CallRecord(kind + "/backward", name, (_shape_tuple(grad),), grad.dtype.name)
+        index = self._record("backward", tower_index, record)
+        return self._backward_keys[index]
+
+    def _differentiable_sum(self, packed, tower_index, forward_key, name):
+        @tf.custom_gradient
+        def cross_tower_sum(x):
+            def grad(upstream):
+                key = self._backward_key("sum", tower_index, name, upstream)
+                return self._collective_sum(upstream, tower_index, key)
+
+            return self._collective_sum(x, tower_index, forward_key), grad
+
+        return cross_tower_sum(packed)
+
+    def _differentiable_gather(self, row, tower_index, forward_key, name):
+        @tf.custom_gradient
+        def cross_tower_gather(x):
+            def grad(upstream):  # [num_towers, K]: this tower's dL/d(all rows)
+                key = self._backward_key("gather", tower_index, name, upstream)
+                total = self._collective_sum(upstream, tower_index, key)
+                return total[tower_index : tower_index + 1]
+
+            return self._collective_gather(x, tower_index, forward_key), grad
+
+        return cross_tower_gather(row)
+
+
+def _pack(flat):
+    """One flat vector from same-dtype tensors, and the function undoing it.
+
+    Returns (packed, unpack): packed is the tensors flattened and concatenated
+    ([K]); unpack(result, leading) splits a [*leading, K] result back into
+    tensors of shape [*leading, *shape_i]. Static shapes give static splits
+    and reshapes (no shape ops in the step); unknown ones fall back to
+    tf.shape / tf.size at run time.
+    """
+    if all(t.shape.is_fully_defined() for t in flat):
+        shapes = [t.shape.as_list() for t in flat]
+        sizes = [t.shape.num_elements() for t in flat]
+    else:
+        shapes = [tf.shape(t) for t in flat]
+        sizes = [tf.size(t) for t in flat]
+    if len(flat) == 1 and flat[0].shape.rank == 1:
+        packed = flat[0]
+    else:
+        packed = tf.concat([tf.reshape(t, [-1]) for t in flat], axis=0)
+
+    def unpack(result, leading):
+        axis = len(leading)
+        pieces = [result] if len(flat) == 1 else tf.split(result, sizes, axis=axis, num=len(flat))
+        unpacked = []
+        for piece, shape, tensor in zip(pieces, shapes, flat):
+            if isinstance(shape, list):
+                target = leading + shape
+            else:
+                target = tf.concat([tf.constant(leading, tf.int32), shape], axis=0)
+            if tensor.shape.rank != 1 or not isinstance(shape, list):
+                piece = tf.reshape(piece, target)
+            piece.set_shape(leading + tensor.shape.as_list())
+            unpacked.append(piece)
+        return unpacked
+
+    return packed, unpack
+
+
+def _scope_name(name: str) -> str:
+    """A name usable as a name scope (no '/' nesting, no ':')."""
+    return name.replace("/", "_").replace(":", "_")
+
+
+_TIMEOUT_MARKERS = ("Collective has timed out", "Collective ops is aborted")
+# What Session.run reports when RunOptions.timeout_in_ms expires: it does not
+# say which op was still running.
+_RUN_DEADLINE_MARKER = "Timed out waiting for notification"
+
+
+def _has_towerlib_collectives(graph) -> bool:
+    return any(
+        op.type in ("CollectiveReduce", "CollectiveGather") and "_cross_tower_" in op.name
+        for op in graph.get_operations()
+    )
+
+
+@contextlib.contextmanager
+def explain_collective_errors(graph: Optional[tf.Graph] = None):
+    """Re-raises a collective timeout from session.run with an explanation.
+
+        with explain_collective_errors():
+          session.run(train_op)
+
+    A DeadlineExceededError (or CancelledError) raised by a collective op
+    becomes a CollectiveTimeoutError whose message names the op that waited,
+    the likely causes and the fix. So does a RunOptions(timeout_in_ms) deadline
+    when `graph` (default: the default graph at entry) holds towerlib
+    collectives, since that error does not name the op still running. Other
+    errors pass through unchanged.
+    """
+    graph = graph if graph is not None else tf.compat.v1.get_default_graph()
+    try:
+        yield
+    except (tf.errors.DeadlineExceededError, tf.errors.CancelledError) as error:
+        text = error.message or ""
+        if isinstance(error, CollectiveTimeoutError):
+            raise
+        if any(marker in text for marker in _TIMEOUT_MARKERS):
+            node = error.op.name if error.op is not None else "a collective op"
+            opening = (
+                f"Cross-tower collective {node} did not complete: it waited "
+                "for the other towers longer than its timeout."
+            )
+        elif _RUN_DEADLINE_MARKER in text and _has_towerlib_collectives(graph):
+            opening = (
+                "session.run hit its RunOptions.timeout_in_ms deadline in a "
+                "graph with cross-tower collectives; most likely a "
+                "collective was waiting for towers that this run never "
+                "started."
+            )
+        else:
+            raise
+        message = opening + (
+            " Every tower's collectives must run in the same session.run. Likely "
+            "causes: (1) the fetches need only some towers (e.g. tower 0's loss "
+            "or outputs alone): fetch the train op, or tensors of every tower; "
+            "(2) the towers built different sequences of synchronized layers "
+            "(call CrossTowerReducer.check_consistent() after building them); (3) "
+            "one tower is stalled, e.g. waiting on its input: raise "
+            "timeout_seconds if it is just slow. After such a timeout the "
+            "Session's collectives may stay aborted (every later run fails with "
+            '"Collective ops is aborted"): create a new Session.'
+        )
+        cause = next(
+            (
+                line.strip()
+                for line in text.splitlines()
+                if any(m in line for m in _TIMEOUT_MARKERS + (_RUN_DEADLINE_MARKER,))
+            ),
+            "",
+        )
+        message += f"\nOriginal error: {cause}"
+        raise CollectiveTimeoutError(error, message) from error
