@@ -88,6 +88,14 @@ class ConfigResult:
         values["label"] = self.config.label
         return values
 
+    @classmethod
+    def from_dict(cls, values):
+        """The inverse of to_dict (to re-render a report from a run's raw JSON)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kept = {k: v for k, v in values.items() if k in fields}
+        kept["config"] = BenchConfig.from_dict(values["config"])
+        return cls(**kept)
+
 
 def worker_environment():
     """The workers' environment: this one, with the repository importable and TF quiet."""

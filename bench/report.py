@@ -183,9 +183,11 @@ def _fmt(value, digits=2):
     return f"{value:.{digits}f}"
 
 
-def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+def _table(header: List[str], rows: List[List[str]], text_columns=1) -> List[str]:
+    """A Markdown table; the first `text_columns` columns left-aligned, numbers right."""
     lines = ["| " + " | ".join(header) + " |",
-             "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(header))) + " |"]
+             "| " + " | ".join("---" if i < text_columns else "---:"
+                               for i in range(len(header))) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
 
@@ -234,7 +236,7 @@ def _header(meta):
     if meta.get("smoke"):
         lines += ["**Smoke run**: a couple of steps per configuration, to check that the "
                   "benchmark runs. These numbers mean nothing.", ""]
-    lines += _table(["", ""], [
+    lines += _table(["", ""], text_columns=2, rows=[
         ["command", f"`{meta['command']}`"],
         ["date", meta["date"]],
         ["machine", f"{machine['nproc']} usable cores (nproc; {machine['cpu_count']} "
@@ -483,7 +485,7 @@ def _targets_summary(run):
                 rows.append([target.name, target.bound_text, model, str(towers), value,
                              verdict])
     return lines + _table(["ratio", "target", "model", "towers", "measured", "verdict"],
-                          rows) + [""]
+                          rows, text_columns=3) + [""]
 
 
 def render(meta: Dict, results: List, notes: Optional[List[str]] = None) -> str:
@@ -503,8 +505,29 @@ def render(meta: Dict, results: List, notes: Optional[List[str]] = None) -> str:
         lines += _weights_section(run, model)
     lines += _configurations_section()
     if notes:
-        lines += notes
+        lines += notes + [""]
+    lines += _raw_section(run)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _raw_section(run):
+    """Every timed segment's milliseconds per step, so any figure above can be re-derived."""
+    lines = ["## Raw step times", "",
+             "Wall-clock milliseconds per step of each timed segment, in repetition order "
+             "(CPU milliseconds in parentheses).", "", "<details>", ""]
+    rows = []
+    for result in run.by_identity.values():
+        config = result.config
+        if not result.ok:
+            cells = result.status
+        else:
+            cells = " ".join(
+                "-" if wall is None else f"{1000 * wall:.0f} ({1000 * cpu:.0f})"
+                for wall, cpu in zip(result.step_seconds, result.step_cpu_seconds))
+        rows.append([config.model, str(config.num_towers), config.label, cells])
+    lines += _table(["model", "towers", "configuration", "ms per step"], rows,
+                    text_columns=4)
+    return lines + ["", "</details>", ""]
 
 
 def _configurations_section():

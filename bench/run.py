@@ -62,6 +62,9 @@ flags.DEFINE_integer("start_parallelism", 1,
                      "Workers of a group started at once. 1 times each graph "
                      "construction alone; --smoke starts the whole group at once.")
 flags.DEFINE_integer("worker_timeout", 900, "Seconds to wait for any worker reply.")
+flags.DEFINE_string("from_json", "",
+                    "Re-render --output from this earlier run's --json_output (with "
+                    "--notes_file) instead of running anything.")
 flags.DEFINE_bool("smoke", False,
                   "A couple of steps per configuration, one warm-up step: checks the "
                   "benchmark runs; overrides --steps, --repeats and the warm-ups, and "
@@ -100,7 +103,27 @@ def _prepare_models(models, weights_dir, log_dir, timeout):
     return info, first["tf_version"], first["num_gpus"]
 
 
+def _notes():
+    if not FLAGS.notes_file:
+        return None
+    with open(FLAGS.notes_file) as notes_file:
+        return [notes_file.read().rstrip()]
+
+
+def _render_from_json(path):
+    """Writes the report of an earlier run from its raw JSON."""
+    with open(path) as raw_file:
+        raw = json.load(raw_file)
+    results = [coordinator.ConfigResult.from_dict(r) for r in raw["results"]]
+    with open(FLAGS.output, "w") as output:
+        output.write(report.render(raw["meta"], results, _notes()))
+    print(f"wrote {FLAGS.output} from {path}", flush=True)
+    return 0
+
+
 def main(argv):
+    if FLAGS.from_json:
+        return _render_from_json(FLAGS.from_json)
     started = time.perf_counter()
     load_before = report.load_average()
     tower_counts = [int(t) for t in FLAGS.towers]
@@ -156,12 +179,8 @@ def main(argv):
         "tower_counts": tower_counts, "models": FLAGS.models, "model_info": model_info,
         "mirrored_input": FLAGS.mirrored_input, "data_dir": data_dir,
     }
-    notes = None
-    if FLAGS.notes_file:
-        with open(FLAGS.notes_file) as notes_file:
-            notes = [notes_file.read()]
     with open(FLAGS.output, "w") as output:
-        output.write(report.render(meta, all_results, notes))
+        output.write(report.render(meta, all_results, _notes()))
     print(f"wrote {FLAGS.output}", flush=True)
     if FLAGS.json_output:
         with open(FLAGS.json_output, "w") as output:
