@@ -89,6 +89,17 @@ class BenchConfig:
         return "-".join(parts)
 
     @property
+    def times_construction(self):
+        """Whether the report's graph-construction table shows this configuration.
+
+        Only these are built `build_repeats` times (for a median); the others
+        once, to keep the run short.
+        """
+        return self.kind == HANDWRITTEN or (
+            self.kind == TOWERLIB and self.bn_mode == REFERENCE_BN_MODE
+            and self.input_source == SYNTHETIC_INPUT)
+
+    @property
     def devices_used(self):
         """How many devices this configuration trains on."""
         return 1 if self.kind == SINGLE_DEVICE else self.num_towers
@@ -141,8 +152,9 @@ class RunSettings:
       data_dir: the CIFAR-10 binary folder for the real-input configuration.
       device_type: 'gpu' or 'cpu'.
       seed: seeds the synthetic batch and the input pipeline's shuffle.
-      build_repeats: how many times to build the graph (each in a fresh
-        tf.Graph) to time construction; the last build is the one trained.
+      build_repeats: how many times the configurations in the construction
+        table build their graph (each in a fresh tf.Graph), for a median;
+        the last build is the one trained.
       mirrored_input: 'per_replica' (each replica reads its own shard,
         `distribute_datasets_from_function`) or 'distribute_dataset'
         (`experimental_distribute_dataset` of the global batch).

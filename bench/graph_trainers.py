@@ -102,7 +102,7 @@ _BUILDERS = {
 
 
 def build(config, model, settings, initial_values):
-    """Builds `config`'s training graph (timed, `settings.build_repeats` times), opens it.
+    """Builds `config`'s training graph (timed; see `BenchConfig.times_construction`), opens it.
 
     Returns:
       A GraphTrainer whose build_seconds lists the time of each build: from an
@@ -111,7 +111,8 @@ def build(config, model, settings, initial_values):
     devices = tower_devices(settings.device_type, config.devices_used)
     builder = _BUILDERS[config.kind]
     build_seconds = []
-    for _ in range(max(1, settings.build_repeats)):
+    repeats = settings.build_repeats if config.times_construction else 1
+    for _ in range(max(1, repeats)):
         graph = tf.Graph()
         with graph.as_default():
             start = time.perf_counter()

@@ -183,6 +183,10 @@ def _fmt(value, digits=2):
     return f"{value:.{digits}f}"
 
 
+def _count(number, noun):
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def _table(header: List[str], rows: List[List[str]], text_columns=1) -> List[str]:
     """A Markdown table; the first `text_columns` columns left-aligned, numbers right."""
     lines = ["| " + " | ".join(header) + " |",
@@ -249,9 +253,11 @@ def _header(meta):
          f"before {', '.join(_fmt(x) for x in meta['load_before'])}; "
          f"after {', '.join(_fmt(x) for x in meta['load_after'])}"],
         ["run", f"global batch {meta['global_batch']}, {meta['repeats']} repetitions x "
-                f"{meta['steps']} timed steps per configuration, {meta['warmup_steps']} "
-                f"warm-up steps after building and {meta['segment_warmup_steps']} before "
-                f"each timed segment; {_fmt(meta['wall_seconds'] / 60, 1)} min in all"],
+                f"{meta['steps']} timed steps per configuration, "
+                f"{_count(meta['warmup_steps'], 'warm-up step')} after building and "
+                f"{meta['segment_warmup_steps']} before each timed segment; workers started "
+                f"{meta.get('start_parallelism', 1)} at a time; "
+                f"{_fmt(meta['wall_seconds'] / 60, 1)} min in all"],
     ])
     lines += [
         "",
@@ -372,8 +378,9 @@ def _scaling_section(run, model, device_type):
 def _construction_section(run, model):
     lines = [f"### Graph construction, {model}", "",
              "Seconds from an empty graph to the train op (input, towers, gradients, "
-             "update), median over the builds; then the first step (placement, graph "
-             "optimization; for MirroredStrategy: tracing).", ""]
+             "update), median over the builds (each in a fresh graph); then the first "
+             "step (placement, graph optimization; for MirroredStrategy: its setup, "
+             "variables and tracing).", ""]
     header = ["tower count", "towerlib build s", "s per tower", "hand-written build s",
               "towerlib first step s", "MirroredStrategy setup + first step s"]
     rows = []

@@ -1,7 +1,7 @@
 """Benchmarks towerlib against hand-written towers, MirroredStrategy and one device.
 
     python -m bench.run --models=convnet,resnet20 --towers=1,2,4,8 \
-        --global_batch=128 --steps=10 --repeats=5 --output=BENCHMARKS.md
+        --global_batch=128 --steps=4 --repeats=6 --output=BENCHMARKS.md
 
 For every model and tower count, starts one worker process per configuration
 (towerlib in each batch-norm mode, the hand-written tower loop,
@@ -32,14 +32,15 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["convnet", "resnet20"], "Models to train (the CIFAR-10 example's).")
 flags.DEFINE_list("towers", ["1", "2", "4", "8"], "Tower counts.")
 flags.DEFINE_integer("global_batch", 128, "Examples per optimizer step, over all towers.")
-flags.DEFINE_integer("steps", 10, "Timed steps per configuration per repetition.")
-flags.DEFINE_integer("repeats", 5, "Repetitions (each times every configuration once).")
-flags.DEFINE_integer("warmup_steps", 5, "Untimed steps after a configuration is built.")
+flags.DEFINE_integer("steps", 4, "Timed steps per configuration per repetition.")
+flags.DEFINE_integer("repeats", 6, "Repetitions (each times every configuration once).")
+flags.DEFINE_integer("warmup_steps", 3, "Untimed steps after a configuration is built.")
 flags.DEFINE_integer("segment_warmup_steps", 1,
                      "Untimed steps before each timed segment (caches are cold after "
                      "the other configurations ran).")
-flags.DEFINE_integer("build_repeats", 1,
-                     "Graph builds per configuration, to time construction.")
+flags.DEFINE_integer("build_repeats", 3,
+                     "Graph builds of the configurations in the construction table "
+                     "(towerlib first_tower, hand-written), for a median.")
 flags.DEFINE_list("bn_modes", ["first_tower", "all_towers", "sync"], "towerlib bn_modes.")
 flags.DEFINE_list("peers", list(configs_lib.PEERS),
                   "Configurations besides towerlib's: " + ", ".join(configs_lib.PEERS) + ".")
@@ -58,9 +59,11 @@ flags.DEFINE_string("json_output", "", "If set, raw results as JSON here.")
 flags.DEFINE_string("notes_file", "",
                     "Markdown appended to the report (an analysis of the run).")
 flags.DEFINE_string("worker_log_dir", "", "Worker logs; default a new temporary folder.")
-flags.DEFINE_integer("start_parallelism", 1,
-                     "Workers of a group started at once. 1 times each graph "
-                     "construction alone; --smoke starts the whole group at once.")
+flags.DEFINE_integer("start_parallelism", 2,
+                     "Workers of a group started (imported, built, warmed up) at once. "
+                     "Building is single-threaded Python, so 2 on 2 cores roughly halves "
+                     "the start-up; 1 times each construction alone. --smoke starts the "
+                     "whole group at once.")
 flags.DEFINE_integer("worker_timeout", 900, "Seconds to wait for any worker reply.")
 flags.DEFINE_string("from_json", "",
                     "Re-render --output from this earlier run's --json_output (with "
