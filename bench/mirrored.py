@@ -73,7 +73,6 @@ class MirroredTrainer:
         self.strategy = tf.distribute.MirroredStrategy(devices)
         self.num_replicas = self.strategy.num_replicas_in_sync
         self._model = model
-        self._global_batch = settings.global_batch
         trainable = set(trainable_names)
         with self.strategy.scope():
             self.variables = {

@@ -237,6 +237,9 @@ def _header(meta):
         "run (raw values: the JSON output, if one was asked for).",
         "",
     ]
+    if meta.get("rendered_from"):
+        lines += [f"Rendered again from that run's raw results ({meta['rendered_from']}) "
+                  "to add the analysis at the end; the measurements are unchanged.", ""]
     if meta.get("smoke"):
         lines += ["**Smoke run**: a couple of steps per configuration, to check that the "
                   "benchmark runs. These numbers mean nothing.", ""]

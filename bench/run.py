@@ -118,6 +118,7 @@ def _render_from_json(path):
     with open(path) as raw_file:
         raw = json.load(raw_file)
     results = [coordinator.ConfigResult.from_dict(r) for r in raw["results"]]
+    raw["meta"]["rendered_from"] = os.path.basename(path)
     with open(FLAGS.output, "w") as output:
         output.write(report.render(raw["meta"], results, _notes()))
     print(f"wrote {FLAGS.output} from {path}", flush=True)

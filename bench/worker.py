@@ -79,31 +79,30 @@ def _trainable_checksum(values, trainable_names):
     return weights.checksum({name: values[name] for name in trainable_names})
 
 
+class _Unavailable(Exception):
+    """This configuration cannot run on this machine or with this towerlib."""
+
+
 def _build_trainer(config, settings, initial_values, trainable_names):
     """The trainer for `config`, or raises _Unavailable."""
-    from bench import configs
-    if config.kind == configs.MIRRORED:
-        from bench import mirrored
-        devices = mirrored.configure_devices(config.devices_used, settings.device_type)
     import tensorflow as tf
+
+    from bench import configs, graph_trainers, mirrored, models
     if settings.device_type == "gpu":
+        # Listing physical devices does not initialize them: MirroredStrategy
+        # can still configure its logical devices afterwards.
         gpus = len(tf.config.list_physical_devices("GPU"))
         if config.devices_used > gpus:
             raise _Unavailable(f"{config.devices_used} GPU towers, {gpus} GPU(s) here")
-
-    from bench import graph_trainers, models
     model = models.load_model(config.model)
     if config.kind == configs.MIRRORED:
+        devices = mirrored.configure_devices(config.devices_used, settings.device_type)
         return mirrored.MirroredTrainer(model, settings, devices, initial_values,
                                         trainable_names)
     try:
         return graph_trainers.build(config, model, settings, initial_values)
-    except NotImplementedError as error:
+    except NotImplementedError as error:  # e.g. a bn_mode this towerlib lacks
         raise _Unavailable(str(error)) from error
-
-
-class _Unavailable(Exception):
-    """This configuration cannot run on this machine or with this towerlib."""
 
 
 def train(job, replies):
