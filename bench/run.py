@@ -1,7 +1,7 @@
 """Benchmarks towerlib against hand-written towers, MirroredStrategy and one device.
 
     python -m bench.run --models=convnet,resnet20 --towers=1,2,4,8 \
-        --global_batch=128 --steps=4 --repeats=6 --output=BENCHMARKS.md
+        --global_batch=128 --steps=3 --repeats=8 --output=BENCHMARKS.md
 
 For every model and tower count, starts one worker process per configuration
 (towerlib in each batch-norm mode, the hand-written tower loop,
@@ -32,8 +32,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["convnet", "resnet20"], "Models to train (the CIFAR-10 example's).")
 flags.DEFINE_list("towers", ["1", "2", "4", "8"], "Tower counts.")
 flags.DEFINE_integer("global_batch", 128, "Examples per optimizer step, over all towers.")
-flags.DEFINE_integer("steps", 4, "Timed steps per configuration per repetition.")
-flags.DEFINE_integer("repeats", 6, "Repetitions (each times every configuration once).")
+flags.DEFINE_integer("steps", 3, "Timed steps per configuration per repetition.")
+flags.DEFINE_integer("repeats", 8, "Repetitions (each times every configuration once).")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps after a configuration is built.")
 flags.DEFINE_integer("segment_warmup_steps", 1,
                      "Untimed steps before each timed segment (caches are cold after "
