@@ -1,7 +1,7 @@
 """Benchmarks towerlib against hand-written towers, MirroredStrategy and one device.
 
     python -m bench.run --models=convnet,resnet20 --towers=1,2,4,8 \
-        --global_batch=128 --steps=3 --repeats=8 --output=BENCHMARKS.md
+        --global_batch=128 --steps=1 --repeats=30 --output=BENCHMARKS.md
 
 For every model and tower count, starts one worker process per configuration
 (towerlib in each batch-norm mode, the hand-written tower loop,
@@ -32,10 +32,13 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["convnet", "resnet20"], "Models to train (the CIFAR-10 example's).")
 flags.DEFINE_list("towers", ["1", "2", "4", "8"], "Tower counts.")
 flags.DEFINE_integer("global_batch", 128, "Examples per optimizer step, over all towers.")
-flags.DEFINE_integer("steps", 3, "Timed steps per configuration per repetition.")
-flags.DEFINE_integer("repeats", 8, "Repetitions (each times every configuration once).")
+flags.DEFINE_integer("steps", 1,
+                     "Timed steps per configuration per repetition. Short segments keep "
+                     "the configurations compared in one repetition close in time, so a "
+                     "burst of load from another program hits them alike.")
+flags.DEFINE_integer("repeats", 30, "Repetitions (each times every configuration once).")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps after a configuration is built.")
-flags.DEFINE_integer("segment_warmup_steps", 1,
+flags.DEFINE_integer("segment_warmup_steps", 0,
                      "Untimed steps before each timed segment (caches are cold after "
                      "the other configurations ran).")
 flags.DEFINE_integer("build_repeats", 3,
