@@ -4,8 +4,10 @@ For each group (one model, one tower count) every configuration gets its own
 worker process. The workers are started one after the other, each building
 and warming up while the others wait, so that graph-construction times are
 not inflated by a neighbour's build. Then, in each repetition, the workers
-are asked in turn to run the same number of timed steps; the order rotates
-from one repetition to the next. Only one worker computes at any moment
+are asked in turn to run the same number of timed steps, in a new random
+order each repetition (so that no configuration always follows the same
+neighbour, whose leftover background work, a prefetch say, would land on
+it). Only one worker computes at any moment
 (the others block on their command pipe), and any change in machine load
 during the group falls on every configuration alike; the ratios between
 configurations are computed per repetition for that reason (`bench.measure`).
@@ -14,6 +16,7 @@ configurations are computed per repetition for that reason (`bench.measure`).
 import dataclasses
 import json
 import os
+import random
 import selectors
 import subprocess
 import sys
@@ -219,9 +222,13 @@ def _start_all(configs, settings, log_dir, timeout_seconds, results, start_paral
 
 
 def run_group(configs: List[BenchConfig], settings, repeats, steps, log_dir,
-              timeout_seconds, start_parallelism=1,
+              timeout_seconds, start_parallelism=1, order_seed=0,
               progress=print) -> Dict[str, ConfigResult]:
-    """Times every configuration of one group, interleaved; returns results by key."""
+    """Times every configuration of one group, interleaved; returns results by key.
+
+    `order_seed` seeds the per-repetition shuffles (the same seed, the same orders).
+    """
+    order_rng = random.Random(order_seed)
     results = {config.key: ConfigResult(config) for config in configs}
     workers = {}
     try:
@@ -234,8 +241,8 @@ def run_group(configs: List[BenchConfig], settings, repeats, steps, log_dir,
             results[key].step_cpu_seconds = [None] * repeats
         for repetition in range(repeats):
             keys = list(workers)
-            shift = repetition % len(keys) if keys else 0
-            for key in keys[shift:] + keys[:shift]:
+            order_rng.shuffle(keys)
+            for key in keys:
                 try:
                     workers[key].send({"command": "run", "steps": steps,
                                        "warmup": settings.segment_warmup_steps})

@@ -265,10 +265,13 @@ def _header(meta):
     lines += [
         "",
         "The machine was shared with other programs during the run (see the load average). "
-        "Configurations of one model and tower count were timed in alternation, one "
-        "repetition after the other, so that load from elsewhere falls on all of them "
-        "alike; ratios are the median of per-repetition ratios (range in parentheses), "
-        "throughputs the median over repetitions (± half the full range).",
+        "Configurations of one model and tower count were timed in alternation: each "
+        "repetition times every configuration once, in "
+        + ("a new random order" if meta.get("order") == "random"
+           else "a rotating order (the runs before random orders were introduced)")
+        + ", so that load from elsewhere falls on all of them alike; ratios are the "
+        "median of per-repetition ratios (range in parentheses), throughputs the median "
+        "over repetitions (± half the full range).",
         "",
     ]
     return lines
@@ -461,6 +464,15 @@ def _weights_section(run, model):
         "whole-batch statistics (towerlib sync, one device)": [
             (configs_lib.TOWERLIB, "sync", configs_lib.SYNTHETIC_INPUT), SINGLE],
     }
+    traces = [r.trace_count for r in run.by_identity.values()
+              if r.config.model == model and r.ok and r.trace_count]
+    if traces:
+        retraced = [t for t in traces if len(t) > 1 and t[-1] != t[0]]
+        lines.append(f"MirroredStrategy's tf.function was traced {traces[0][0]} times "
+                     "before timing (its first call traces twice because it creates the "
+                     "optimizer's slot variables) and "
+                     + ("never again." if not retraced else
+                        f"AGAIN during timing in {len(retraced)} configuration(s)."))
     for description, identities in families.items():
         worst = 0.0
         compared = 0
@@ -506,7 +518,7 @@ def _targets_summary(run):
                 cpu_text = f"{cpu.median:.3f}" if isinstance(cpu, measure.Summary) else cpu
                 if isinstance(summary, measure.Summary):
                     rows.append([target.name, target.bound_text, model, str(towers),
-                                 f"{summary.median:.3f}",
+                                 f"{summary.median:.4f}",
                                  f"{summary.low:.2f}-{summary.high:.2f} (n={summary.count})",
                                  _verdict(target, summary), cpu_text])
                 else:

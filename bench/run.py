@@ -170,7 +170,7 @@ def main(argv):
             build_repeats=FLAGS.build_repeats, mirrored_input=FLAGS.mirrored_input)
         results = coordinator.run_group(
             group, settings, repeats, steps, log_dir, FLAGS.worker_timeout,
-            start_parallelism=start_parallelism,
+            start_parallelism=start_parallelism, order_seed=f"{FLAGS.seed}-{model}-{towers}",
             progress=lambda line: print(line, flush=True))
         all_results.extend(results.values())
 
@@ -182,7 +182,7 @@ def main(argv):
         "wall_seconds": time.perf_counter() - started, "smoke": FLAGS.smoke,
         "global_batch": global_batch, "steps": steps, "repeats": repeats,
         "warmup_steps": warmup, "segment_warmup_steps": segment_warmup,
-        "start_parallelism": start_parallelism,
+        "start_parallelism": start_parallelism, "order": "random",
         "tower_counts": tower_counts, "models": FLAGS.models, "model_info": model_info,
         "mirrored_input": FLAGS.mirrored_input, "data_dir": data_dir,
     }
