@@ -15,7 +15,7 @@ import towerlib
 from bench import handwritten
 from bench import inputs as inputs_lib
 from bench import weights as weights_lib
-from bench.configs import HANDWRITTEN, SINGLE_DEVICE, TOWERLIB, CIFAR_FILES_INPUT
+from bench.configs import CIFAR_FILES_INPUT, HANDWRITTEN, SINGLE_DEVICE, TOWERLIB
 from bench.models import tower_loss
 
 

@@ -11,7 +11,7 @@ import datetime
 import math
 import os
 import platform
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from bench import configs as configs_lib
 from bench import measure

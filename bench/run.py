@@ -24,8 +24,8 @@ import time
 
 from absl import app, flags
 
-from bench import configs as configs_lib
 from bench import cifar_files, coordinator, report
+from bench import configs as configs_lib
 
 FLAGS = flags.FLAGS
 
