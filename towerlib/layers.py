@@ -1,6 +1,6 @@
 """Layers built on `tf.compat.v1.get_variable`, so that towers share variables.
 
-Keras layers own their variables per layer object and `tf.compat.v1.layers` is
+Keras layers own their variables per layer object and the TF 1 layers module is
 gone from TensorFlow 2.21; these functions create variables through the
 enclosing variable scope instead, so tower 0 creates and later towers reuse.
 
