@@ -56,7 +56,7 @@ def _sync_moments(x, axes, ctx, layer_name):
     (their squares would be off by ~1e-3 relative). So a shard's mean travels
     as hi_i + lo_i: hi_i is a pivot (the shard's first value), lo_i =
     mean(x - hi_i) the small offset, exact to float32 relative precision, and
-    M2_i = sum((x - hi_i)^2) - n_i lo_i^2. With P the count-weighted
+    M2_i = sum((x - hi_i - lo_i)^2). With P the count-weighted
     mean of the hi_i (the same on every tower), hi_i - P is exact, and
     e_i = (hi_i - P) + lo_i keeps full relative precision; the variance comes
     out accurate to ~1e-6 relative however large the mean.
@@ -109,18 +109,16 @@ def _sync_moments(x, axes, ctx, layer_name):
             nonlocal total
             # divide_no_nan: an empty shard (possible with an input function)
             # contributes zeros, not NaNs, and weighs nothing below.
-            # hi: a pivot near the shard's mean at no pass over the data (the
-            # shard's first value per channel; 0 for an empty shard). lo: the
-            # mean's offset from it. M2 = sum (x - hi)^2 - n lo^2 loses at most
-            # a digit: hi is one sample, a few standard deviations from the mean.
+            # hi: a pivot at no pass over the data (the shard's first value per
+            # channel; 0 for an empty shard); lo: the mean's offset from it.
+            # M2 is taken around hi + lo, the shard's mean, so it stays exact
+            # however far the first value lies from the rest.
             first = inputs[tuple(slice(0, 1) if a in axes else slice(None)
                                  for a in range(len(inputs.shape)))]  # empty-safe
             hi = tf.reduce_sum(first, axes, keepdims=True)
             deviation = inputs - hi
             lo = tf.math.divide_no_nan(tf.reduce_sum(deviation, axes, keepdims=True), count)
-            m2 = tf.maximum(
-                tf.reduce_sum(tf.square(deviation), axes) - count * tf.reshape(
-                    tf.square(lo), [-1]), 0.0)
+            m2 = tf.reduce_sum(tf.square(deviation - lo), axes)
             counts, his, los, m2s = reducer.gather(
                 [tf.reshape(count, [1]), tf.reshape(hi, [-1]), tf.reshape(lo, [-1]), m2],
                 ctx.index,
