@@ -320,17 +320,23 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
     assert outputs[0].shape == (shard_sizes[0], *shape[1:])
 
 
+def build_sync_on_two_towers(**options):
+    """The conv+dense model with sync batch norm on 2 towers, one batch of 8."""
+    data = batches(8, steps=1)[0]
+    return towerlib.build_train_graph(
+        conv_dense_model,
+        tuple(tf.constant(t) for t in data),
+        tf.compat.v1.train.GradientDescentOptimizer(0.1),
+        devices=cpu_devices(2),
+        bn_mode="sync",
+        **options,
+    )
+
+
 def test_inference_uses_moving_statistics_without_collectives_on_one_tower():
     with tf.Graph().as_default() as graph:
         data = batches(8, steps=1)[0]
-        train = towerlib.build_train_graph(
-            conv_dense_model,
-            tuple(tf.constant(t) for t in data),
-            tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            devices=cpu_devices(2),
-            bn_mode="sync",
-            summaries=False,
-        )
+        train = build_sync_on_two_towers(summaries=False)
         assert [op for op in graph.get_operations() if op.type == "CollectiveGather"]
         collectives_before = {
             op.name for op in graph.get_operations() if op.type.startswith("Collective")
@@ -410,14 +416,7 @@ def test_sync_training_without_a_reducer_is_a_clear_error():
 
 def test_fetching_one_towers_loss_is_caught_before_running():
     with tf.Graph().as_default():
-        data = batches(8, steps=1)[0]
-        train = towerlib.build_train_graph(
-            conv_dense_model,
-            tuple(tf.constant(t) for t in data),
-            tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            devices=cpu_devices(2),
-            bn_mode="sync",
-        )
+        train = build_sync_on_two_towers()
         with pytest.raises(PartialFetchError, match=r"run 1 of the 2 ops.*tower_0/bn_conv1"):
             check_fetches(train.tower_losses[0])
         check_fetches([train.train_op, train.loss])  # every tower: fine
