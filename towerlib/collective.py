@@ -325,6 +325,7 @@ class CrossTowerReducer:
         tower_index: int,
         name: Optional[str] = None,
         in_gradient: bool = False,
+        differentiable: bool = True,
     ):
         """Element-wise sum over towers of `tensors`, on every tower.
 
@@ -339,15 +340,24 @@ class CrossTowerReducer:
             tf.custom_gradient backward): the call is then paired and checked
             with the other towers' backward calls, in the order tf.gradients
             builds them, with instance keys of its own.
+          differentiable: False leaves out the gradient wrapper (two IdentityN
+            ops per call), for callers whose own tf.custom_gradient already
+            covers the call; a gradient asked of the result is then None.
 
         Returns:
           The same structure as `tensors`: each tensor summed over all towers,
           placed on this tower's device. Differentiable: the gradient is the sum
           of all towers' incoming gradients (exact data-parallel gradient).
         """
-        return self._reduce("sum", tensors, tower_index, name, in_gradient)
+        return self._reduce("sum", tensors, tower_index, name, in_gradient, differentiable)
 
-    def gather(self, tensors, tower_index: int, name: Optional[str] = None):
+    def gather(
+        self,
+        tensors,
+        tower_index: int,
+        name: Optional[str] = None,
+        differentiable: bool = True,
+    ):
         """Every tower's `tensors`, stacked along a new leading tower axis.
 
         Args:
@@ -355,6 +365,7 @@ class CrossTowerReducer:
             in every tower (one collective for the whole list).
           tower_index: which tower is calling.
           name: names the call in errors and in the graph.
+          differentiable: as for ``sum``: False leaves out the gradient wrapper.
 
         Returns:
           The same structure as `tensors`: a tensor of shape
@@ -365,7 +376,7 @@ class CrossTowerReducer:
         Use it instead of ``sum`` when the combination must see each tower's
         value, e.g. combining per-tower means and variances without cancellation.
         """
-        return self._reduce("gather", tensors, tower_index, name)
+        return self._reduce("gather", tensors, tower_index, name, differentiable=differentiable)
 
     def check_consistent(self) -> None:
         """Raises CollectiveMismatchError unless all towers made the same calls.
@@ -457,7 +468,7 @@ class CrossTowerReducer:
             calls[tower_index].append(record)
             return index
 
-    def _reduce(self, kind, tensors, tower_index, name, in_gradient=False):
+    def _reduce(self, kind, tensors, tower_index, name, in_gradient=False, differentiable=True):
         self._check_tower(tower_index)
         tower_index = int(tower_index)
         single = not isinstance(tensors, (list, tuple))
@@ -491,12 +502,17 @@ class CrossTowerReducer:
             with tf.device(self._devices[tower_index]):
                 packed, unpack = _pack(flat)
                 if kind == "sum":
-                    reduced = self._differentiable_sum(packed, tower_index, instance_key, name)
+                    if differentiable:
+                        reduced = self._differentiable_sum(packed, tower_index, instance_key, name)
+                    else:
+                        reduced = self._collective_sum(packed, tower_index, instance_key)
                     result = unpack(reduced, leading=[])
                 else:
-                    gathered = self._differentiable_gather(
-                        packed[tf.newaxis], tower_index, instance_key, name
-                    )
+                    row = packed[tf.newaxis]
+                    if differentiable:
+                        gathered = self._differentiable_gather(row, tower_index, instance_key, name)
+                    else:
+                        gathered = self._collective_gather(row, tower_index, instance_key)
                     result = unpack(gathered, leading=[len(self._devices)])
         return result[0] if single else result
 

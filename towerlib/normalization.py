@@ -100,65 +100,96 @@ def _sync_moments(x, axes, ctx, layer_name):
             "towers; create the reducer from the build's device list.")
 
     x32 = tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
+    rank = x.shape.rank
+    (channel_axis,) = [a for a in range(rank) if a not in axes]
+    channels = int(x.shape[channel_axis])
+
+    def broadcast(per_channel):
+        # [C] broadcasts against channels-last inputs as it is.
+        if channel_axis == rank - 1:
+            return per_channel
+        return tf.reshape(per_channel, [channels] + [1] * (rank - 1 - channel_axis))
+
     with tf.name_scope("sync_moments"):
-        count = tf.cast(_count(x, axes), x32.dtype)
+        static_count = _static_count(x, axes)
+        if static_count is None:
+            count = tf.cast(_count(x, axes), x32.dtype)
+            count_row = tf.reshape(count, [1])
+        else:
+            count = None  # _per_example divides by the Python number
+            count_row = tf.constant([float(static_count)], x32.dtype)
         total = None  # the global count, set by the forward pass below
 
         @tf.custom_gradient
         def global_moments(inputs):
             nonlocal total
-            # divide_no_nan: an empty shard (possible with an input function)
-            # contributes zeros, not NaNs, and weighs nothing below.
             # hi: a pivot at no pass over the data (the shard's first value per
             # channel; 0 for an empty shard); lo: the mean's offset from it.
             # M2 is taken around hi + lo, the shard's mean, so it stays exact
             # however far the first value lies from the rest.
             first = inputs[tuple(slice(0, 1) if a in axes else slice(None)
-                                 for a in range(len(inputs.shape)))]  # empty-safe
-            hi = tf.reduce_sum(first, axes, keepdims=True)
-            deviation = inputs - hi
-            lo = tf.math.divide_no_nan(tf.reduce_sum(deviation, axes, keepdims=True), count)
-            m2 = tf.reduce_sum(tf.square(deviation - lo), axes)
-            counts, his, los, m2s = reducer.gather(
-                [tf.reshape(count, [1]), tf.reshape(hi, [-1]), tf.reshape(lo, [-1]), m2],
-                ctx.index,
-                name=layer_name,
-            )  # [T, 1], [T, C] x 3
+                                 for a in range(rank))]  # empty-safe
+            hi = tf.reduce_sum(first, axes)
+            deviation = inputs - broadcast(hi)
+            lo = _per_example(tf.reduce_sum(deviation, axes), count, static_count)
+            m2 = tf.reduce_sum(tf.math.squared_difference(deviation, broadcast(lo)), axes)
+            summaries = reducer.gather(
+                tf.concat([count_row, hi, lo, m2], axis=0), ctx.index,
+                name=layer_name, differentiable=False)  # [T, 1 + 3C]
+            counts, his, los, m2s = tf.split(
+                summaries, [1, channels, channels, channels], axis=1)
             total = tf.reduce_sum(counts)
-            weights = tf.math.divide_no_nan(counts, total)
+            weights = tf.math.divide_no_nan(counts, total)  # [T, 1]
             pivot = tf.reduce_sum(weights * his, axis=0)
             offsets = (his - pivot) + los  # e_i
             mean_offset = tf.reduce_sum(weights * offsets, axis=0)  # E
-            m2_total = tf.reduce_sum(m2s, axis=0) + tf.reduce_sum(
-                counts * tf.square(offsets - mean_offset), axis=0
-            )
+            spreads = offsets - mean_offset  # e_i - E, [T, C]
+            m2_total = tf.reduce_sum(m2s + counts * tf.square(spreads), axis=0)
             mean = pivot + mean_offset
             variance = tf.math.divide_no_nan(m2_total, total)
-            # x - mean, computed as (x - hi) - (mean - hi) to keep its precision.
-            shape = hi.shape.as_list() if hi.shape.is_fully_defined() else tf.shape(hi)
-            mean_minus_hi = tf.reshape((pivot - his[ctx.index]) + mean_offset, shape)
+            # mean - hi = P + E - hi_i = lo_i - (e_i - E): small terms only, so
+            # x - mean = deviation - mean_minus_hi keeps its precision.
+            mean_minus_hi = lo - spreads[ctx.index]
 
             def gradient(grad_mean, grad_variance):
                 # d mean / dx = 1 / n and d variance / dx = 2 (x - mean) / n for
                 # every example of the global batch. The upstream gradients
                 # come from every tower's loss, so they are summed over towers
-                # (one collective) before being applied to this shard.
+                # (one collective) before being applied to this shard, as
+                # scale * (x - hi) + shift with per-channel scale and shift.
                 grad_mean = tf.zeros_like(mean) if grad_mean is None else grad_mean
                 grad_variance = tf.zeros_like(variance) if grad_variance is None else grad_variance
-                grad_mean, grad_variance = reducer.sum(
-                    [grad_mean, grad_variance], ctx.index, name=layer_name, in_gradient=True
-                )
-                centered = deviation - mean_minus_hi
-                return tf.math.divide_no_nan(
-                    tf.reshape(grad_mean, shape)
-                    + 2.0 * tf.reshape(grad_variance, shape) * centered,
-                    total,
-                )
+                sums = reducer.sum(
+                    tf.concat([grad_mean, grad_variance], axis=0), ctx.index,
+                    name=layer_name, in_gradient=True, differentiable=False)
+                inverse_total = tf.math.divide_no_nan(1.0, total)
+                grad_mean, grad_variance = tf.split(sums * inverse_total, 2)
+                scale = 2.0 * grad_variance
+                shift = grad_mean - scale * mean_minus_hi
+                return deviation * broadcast(scale) + broadcast(shift)
 
             return (mean, variance), gradient
 
         mean, variance = global_moments(x32)
     return tf.cast(total, tf.float32), mean, variance
+
+
+def _static_count(x, axes):
+    """Examples x positions of x, when its shape fixes them; else None."""
+    sizes = [x.shape[a] for a in axes]
+    if any(size is None for size in sizes):
+        return None
+    count = 1
+    for size in sizes:
+        count *= int(size)
+    return count
+
+
+def _per_example(total, count, static_count):
+    """total / count; 0 for an empty shard (which then weighs nothing)."""
+    if static_count is None:
+        return tf.math.divide_no_nan(total, count)
+    return total * (1.0 / static_count if static_count else 0.0)
 
 
 def _count(x, axes):
