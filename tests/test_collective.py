@@ -85,6 +85,40 @@ def test_gradients_through_sum_and_gather_are_exact(num_towers):
         np.testing.assert_allclose(got[i], want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("tower_devices", [[2, 0, 1], [1, 2, 0], [3, 2, 1, 0]])
+def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_devices):
+    """Collective ranks follow the devices (sorted names on CPU, the
+    interconnect on GPUs), not the order the towers list them in."""
+    num_towers = len(tower_devices)
+    devices = [f"/device:CPU:{d}" for d in tower_devices]
+    rng = np.random.default_rng(num_towers)
+    xs = [rng.normal(size=[3]) for _ in range(num_towers)]
+    weights = rng.normal(size=[num_towers, 3])
+    graph = tf.Graph()
+    with graph.as_default():
+        reducer = CrossTowerReducer(devices, timeout_seconds=30)
+        gathers, unordered, grads = [], [], []
+        for i, device in enumerate(devices):
+            with tf.device(device):
+                x = tf.constant(xs[i], tf.float64)
+                g = reducer.gather(x, i, name="g")
+                unordered.append(reducer.gather_unordered(x, i, name="u"))
+                gathers.append(g)
+                grads.append(tf.gradients((i + 1.0) * tf.reduce_sum(g * g * weights), x)[0])
+        reducer.check_consistent()
+        with session(graph, num_towers) as sess:
+            got_gathers, got_unordered, got_grads = sess.run([gathers, unordered, grads])
+    total_scale = sum(range(1, num_towers + 1))
+    for i in range(num_towers):
+        np.testing.assert_array_equal(got_gathers[i], np.stack(xs))
+        np.testing.assert_allclose(got_grads[i], 2 * xs[i] * weights[i] * total_scale, rtol=1e-12)
+        # The same rows in the same (rank) order on every tower.
+        np.testing.assert_array_equal(got_unordered[i], got_unordered[0])
+    assert sorted(map(tuple, got_unordered[0])) == sorted(map(tuple, np.stack(xs)))
+    # The test has teeth: here the rank order is not the tower order.
+    assert not np.array_equal(got_unordered[0], np.stack(xs))
+
+
 @pytest.mark.parametrize("ordered", [False, True])
 def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
     graph = tf.Graph()

@@ -142,12 +142,14 @@ def _assignments(variables):
 
 
 def train_towerlib(
-    data, num_towers, optimizer_kind, bn_mode="sync", param_device="cpu", shard_sizes=None
+    data, num_towers, optimizer_kind, bn_mode="sync", param_device="cpu", shard_sizes=None,
+    devices=None,
 ):
     """towerlib on `num_towers` virtual CPUs; final variables by name.
 
     shard_sizes: if given, each tower reads its own slice of the global batch
     through an input function (ctx -> batch), with these (unequal) sizes.
+    devices: the towers' devices, in tower order (default CPU:0, CPU:1, ...).
     """
     graph = tf.Graph()
     with graph.as_default():
@@ -166,7 +168,7 @@ def train_towerlib(
             conv_dense_model,
             inputs,
             make_optimizer(optimizer_kind),
-            devices=cpu_devices(num_towers),
+            devices=devices or cpu_devices(num_towers),
             bn_mode=bn_mode,
             param_device=param_device,
             sync_timeout_seconds=60,
@@ -219,6 +221,20 @@ def test_sync_with_input_function_unequal_shards_and_param_device(param_device):
     data = batches(15, seed=5)
     want = train_reference(data, "momentum")
     got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4])
+    assert max_abs_difference(got, want) <= 1e-5
+
+
+def test_sync_is_exact_when_tower_order_differs_from_device_order():
+    """TensorFlow ranks a collective's members by device, not by tower index.
+
+    Tower 0 on CPU:2 is rank 2 of the all-gather; a layer that read "its" row
+    by tower index would take another tower's statistics in the backward pass.
+    """
+    data = batches(15, seed=8)
+    want = train_reference(data, "sgd")
+    got = train_towerlib(
+        data, 3, "sgd", shard_sizes=[6, 2, 7],
+        devices=["/device:CPU:2", "/device:CPU:0", "/device:CPU:1"])
     assert max_abs_difference(got, want) <= 1e-5
 
 

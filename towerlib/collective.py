@@ -342,7 +342,7 @@ class CrossTowerReducer:
             builds them, with instance keys of its own.
           differentiable: False leaves out the gradient wrapper (two IdentityN
             ops per call), for callers whose own tf.custom_gradient already
-            covers the call; a gradient asked of the result is then None.
+            covers the call.
 
         Returns:
           The same structure as `tensors`: each tensor summed over all towers,
@@ -351,13 +351,7 @@ class CrossTowerReducer:
         """
         return self._reduce("sum", tensors, tower_index, name, in_gradient, differentiable)
 
-    def gather(
-        self,
-        tensors,
-        tower_index: int,
-        name: Optional[str] = None,
-        differentiable: bool = True,
-    ):
+    def gather(self, tensors, tower_index: int, name: Optional[str] = None):
         """Every tower's `tensors`, stacked along a new leading tower axis.
 
         Args:
@@ -365,7 +359,6 @@ class CrossTowerReducer:
             in every tower (one collective for the whole list).
           tower_index: which tower is calling.
           name: names the call in errors and in the graph.
-          differentiable: as for ``sum``: False leaves out the gradient wrapper.
 
         Returns:
           The same structure as `tensors`: a tensor of shape
@@ -375,8 +368,25 @@ class CrossTowerReducer:
 
         Use it instead of ``sum`` when the combination must see each tower's
         value, e.g. combining per-tower means and variances without cancellation.
+
+        Row order. An all-gather stacks rows in the collective's rank order,
+        which TensorFlow chooses: sorted device names on CPU, an order that
+        follows the interconnect on GPUs. So each row travels with its tower
+        index and the rows are put back in tower order (five small ops);
+        ``gather_unordered`` skips that for combinations that do not care.
         """
-        return self._reduce("gather", tensors, tower_index, name, differentiable=differentiable)
+        return self._reduce("gather", tensors, tower_index, name)
+
+    def gather_unordered(self, tensors, tower_index: int, name: Optional[str] = None):
+        """Like ``gather``, with rows in the collective's rank order.
+
+        The order is the same on every tower, so a combination computed from
+        the rows (a sum over them, say) comes out bit for bit the same on
+        every tower; but row t need not be tower t's. Not differentiable: for
+        callers whose own tf.custom_gradient covers the call, like
+        batch_norm's synchronized statistics.
+        """
+        return self._reduce("gather", tensors, tower_index, name, differentiable=False)
 
     def check_consistent(self) -> None:
         """Raises CollectiveMismatchError unless all towers made the same calls.
@@ -510,7 +520,7 @@ class CrossTowerReducer:
                 else:
                     row = packed[tf.newaxis]
                     if differentiable:
-                        gathered = self._differentiable_gather(row, tower_index, instance_key, name)
+                        gathered = self._gather_in_tower_order(row, tower_index, instance_key, name)
                     else:
                         gathered = self._collective_gather(row, tower_index, instance_key)
                     result = unpack(gathered, leading=[len(self._devices)])
@@ -590,15 +600,23 @@ class CrossTowerReducer:
 
         return cross_tower_sum(packed)
 
-    def _differentiable_gather(self, row, tower_index, forward_key, name):
+    def _gather_in_tower_order(self, row, tower_index, forward_key, name):
+        """[num_towers, K] with row t from tower t, whatever the ranks' order."""
+
         @tf.custom_gradient
         def cross_tower_gather(x):
-            def grad(upstream):  # [num_towers, K]: this tower's dL/d(all rows)
+            tagged = tf.concat([tf.constant([[tower_index]], x.dtype), x], axis=1)
+            rows = self._collective_gather(tagged, tower_index, forward_key)
+            # Column 0 maps rank -> tower; its inverse says where tower t's row is.
+            rank_of_tower = tf.math.invert_permutation(tf.cast(rows[:, 0], tf.int32))
+            in_tower_order = tf.gather(rows[:, 1:], rank_of_tower)
+
+            def grad(upstream):  # [num_towers, K] in tower order
                 key = self._backward_key("gather", tower_index, name, upstream)
                 total = self._collective_sum(upstream, tower_index, key)
                 return total[tower_index : tower_index + 1]
 
-            return self._collective_gather(x, tower_index, forward_key), grad
+            return in_tower_order, grad
 
         return cross_tower_gather(row)
 

@@ -133,9 +133,10 @@ def _sync_moments(x, axes, ctx, layer_name):
             deviation = inputs - broadcast(hi)
             lo = _per_example(tf.reduce_sum(deviation, axes), count, static_count)
             m2 = tf.reduce_sum(tf.math.squared_difference(deviation, broadcast(lo)), axes)
-            summaries = reducer.gather(
+            # Rows in rank order (any order: the combination is symmetric).
+            summaries = reducer.gather_unordered(
                 tf.concat([count_row, hi, lo, m2], axis=0), ctx.index,
-                name=layer_name, differentiable=False)  # [T, 1 + 3C]
+                name=layer_name)  # [T, 1 + 3C]
             counts, his, los, m2s = tf.split(
                 summaries, [1, channels, channels, channels], axis=1)
             total = tf.reduce_sum(counts)
@@ -147,9 +148,9 @@ def _sync_moments(x, axes, ctx, layer_name):
             m2_total = tf.reduce_sum(m2s + counts * tf.square(spreads), axis=0)
             mean = pivot + mean_offset
             variance = tf.math.divide_no_nan(m2_total, total)
-            # mean - hi = P + E - hi_i = lo_i - (e_i - E): small terms only, so
-            # x - mean = deviation - mean_minus_hi keeps its precision.
-            mean_minus_hi = lo - spreads[ctx.index]
+            # x - mean = (x - hi) - (mean - hi), and mean - hi = (P - hi) + E
+            # is formed from small differences, so neither loses precision.
+            mean_minus_hi = (pivot - hi) + mean_offset
 
             def gradient(grad_mean, grad_variance):
                 # d mean / dx = 1 / n and d variance / dx = 2 (x - mean) / n for
