@@ -283,12 +283,13 @@ def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_si
         np.testing.assert_allclose(means[tower], want_mean, rtol=1e-7)
         np.testing.assert_allclose(variances[tower], want_variance, rtol=1e-5)
         assert np.all(variances[tower] > 0)
-    # The towers' outputs together are the whole batch, normalized. Float32
-    # spaces values near 1e4 by 1e-3, i.e. 0.05 standard deviations of the
-    # 0.02-spread channel: that, not the statistics, bounds the outputs' mean.
-    normalized = np.concatenate(outputs).reshape(-1, 3)
-    np.testing.assert_allclose(normalized.mean(0), 0.0, atol=0.05)
-    np.testing.assert_allclose(normalized.std(0), 1.0, rtol=1e-2)
+    # The towers' outputs together are the whole batch, normalized. They are
+    # formed from small differences ((x - hi) * k + b), not as x * k + b: at
+    # 1e4 / 0.02 = 5e5 standard deviations from 0, float32 would round x * k
+    # by 0.03 standard deviations.
+    normalized = np.concatenate(outputs).reshape(-1, 3).astype(np.float64)
+    want_normalized = (x64 - want_mean) / np.sqrt(want_variance + 1e-9)
+    np.testing.assert_allclose(normalized, want_normalized, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype,axis", [("float16", -1), ("float32", 1)])
@@ -334,6 +335,75 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
         np.testing.assert_allclose(variance, x64.var(axes), rtol=1e-5)
     assert outputs[0].dtype == np.dtype(dtype)
     assert outputs[0].shape == (shard_sizes[0], *shape[1:])
+
+
+@pytest.mark.parametrize(
+    "center,scale,axis", [(True, True, -1), (False, True, -1), (True, False, 1), (False, False, 1)]
+)
+def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale, axis):
+    """Forward and every gradient of sync batch norm, in float64, against
+    tf.nn.moments + tf.nn.batch_normalization on the whole batch.
+
+    Each tower differentiates its own loss sum(y_t * w_t); the gradient a
+    tower gets for its shard must be that of the summed loss, and the
+    towers' gamma and beta gradients must add up to the one-device ones.
+    """
+    rng = np.random.RandomState(3)
+    shard_sizes = [4, 1, 3]
+    num_towers = len(shard_sizes)
+    shape = [sum(shard_sizes), 3, 2, 5] if axis == -1 else [sum(shard_sizes), 5, 3, 2]
+    x = 2.0 + 3.0 * rng.randn(*shape)
+    weights = rng.randn(*shape)
+    # The variables are float32: give the reference the same values.
+    gamma_value = (1.0 + rng.rand(5)).astype(np.float32).astype(np.float64)
+    beta_value = rng.randn(5).astype(np.float32).astype(np.float64)
+    starts = np.cumsum([0, *shard_sizes])
+    channel_axis = axis % len(shape)
+    broadcast_shape = [5 if a == channel_axis else 1 for a in range(len(shape))]
+    reduce_axes = [a for a in range(len(shape)) if a != channel_axis]
+
+    with tf.Graph().as_default():
+        reducer = CrossTowerReducer(cpu_devices(num_towers))
+        shards = [tf.constant(x[starts[t] : starts[t + 1]]) for t in range(num_towers)]
+
+        def forward(_, ctx):
+            y = towerlib.batch_norm(
+                shards[ctx.index], ctx, name="bn", axis=axis, center=center, scale=scale)
+            return tf.reduce_sum(y * weights[starts[ctx.index] : starts[ctx.index + 1]])
+
+        towers, _ = towerlib.build_towers(
+            forward, lambda ctx: tf.zeros([shard_sizes[ctx.index]]), devices=cpu_devices(num_towers),
+            is_training=True, bn_mode="sync", cross_tower=reducer)
+        params = tf.compat.v1.trainable_variables()
+        grads = [
+            tf.gradients(tower.loss, [shards[t]] + params) for t, tower in enumerate(towers)
+        ]
+        reducer.check_consistent()
+        with tf.compat.v1.Session(config=towerlib.session_config(num_towers)) as sess:
+            for var in params:
+                var.load(gamma_value if "gamma" in var.op.name else beta_value, sess)
+            losses, got = sess.run([[t.loss for t in towers], grads])
+        param_names = [v.op.name.split("/")[-1] for v in params]
+
+    with tf.Graph().as_default():
+        inputs = tf.constant(x)
+        gamma = tf.constant(gamma_value.reshape(broadcast_shape)) if scale else None
+        beta = tf.constant(beta_value.reshape(broadcast_shape)) if center else None
+        mean, variance = tf.nn.moments(inputs, reduce_axes, keepdims=True)
+        y = tf.nn.batch_normalization(inputs, mean, variance, beta, gamma, 1e-3)
+        loss = tf.reduce_sum(y * weights)
+        wanted = [inputs] + [{"gamma": gamma, "beta": beta}[n] for n in param_names]
+        with tf.compat.v1.Session() as sess:
+            want_loss, want = sess.run([loss, tf.gradients(loss, wanted)])
+
+    assert sorted(param_names) == sorted(["gamma"] * scale + ["beta"] * center)
+    np.testing.assert_allclose(sum(losses), want_loss, rtol=1e-10)
+    got_dx = np.concatenate([tower_grads[0] for tower_grads in got])
+    np.testing.assert_allclose(got_dx, want[0], rtol=1e-9, atol=1e-12)
+    for i in range(len(params)):
+        got_param = sum(tower_grads[1 + i] for tower_grads in got)
+        # Rounded to float32 on the way to the float32 variables.
+        np.testing.assert_allclose(got_param, want[1 + i].reshape(-1), rtol=5e-7)
 
 
 def build_sync_on_two_towers(**options):

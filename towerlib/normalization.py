@@ -34,8 +34,8 @@ def _moments(x, axes):
     return mean, variance
 
 
-def _sync_moments(x, axes, ctx, layer_name):
-    """(count, mean, variance) of the whole global batch, on every tower.
+def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
+    """Batch norm of x with the statistics of the whole global batch.
 
     Each tower summarizes its shard, ONE all-gather across the towers (through
     ctx.cross_tower, a towerlib.collective.CrossTowerReducer) hands every
@@ -59,27 +59,41 @@ def _sync_moments(x, axes, ctx, layer_name):
     M2_i = sum((x - hi_i - lo_i)^2). With P the count-weighted
     mean of the hi_i (the same on every tower), hi_i - P is exact, and
     e_i = (hi_i - P) + lo_i keeps full relative precision; the variance comes
-    out accurate to ~1e-6 relative however large the mean.
+    out accurate to ~1e-6 relative however large the mean. The output is
+    formed from the same small differences, y = (x - hi) * k + b with
+    k = gamma / sqrt(variance + epsilon) and b = beta - (mean - hi) * k, so it
+    too keeps its precision where x * k would be a large number.
 
-    Exactness. The true counts n_i make unequal shards exact. The backward
-    pass is written out (a tf.custom_gradient around the whole computation):
-    for every example, d mean/dx = 1/n and d variance/dx = 2 (x - mean)/n,
-    with the upstream gradients of mean and variance summed over all towers'
-    losses by one all-reduce of 2C floats. That is the one-device gradient,
-    and far fewer ops than differentiating the combination op by op.
+    Exactness. The true counts n_i make unequal shards exact. Statistics and
+    normalization are one tf.custom_gradient with the backward written out,
+    the one-device batch-norm gradient with global sums:
+
+        dx = k * (g - sum(g) / n - x_hat * sum(g * x_hat) / n)
+
+    where g is this tower's upstream gradient, x_hat = (x - mean) / sqrt(var
+    + eps), and the two sums run over the whole global batch: each tower
+    sums its shard, and one collective adds up the towers' 2C sums. Since
+    every tower differentiates its own weighted loss, that is exactly the
+    gradient of the global objective. gamma and beta get this tower's own
+    sum(g * x_hat) and sum(g), which towerlib adds up over towers as for any
+    variable. Writing it out costs far fewer ops than differentiating the
+    combination and the normalization op by op.
 
     Cost: one collective per layer and direction: forward, a gather of
     num_towers x (3C + 1) floats (one round trip less than all-reducing first
     the sums, then the squared deviations from the resulting mean); backward,
-    an all-reduce of 2C floats.
+    a sum of 2C floats.
 
     Args:
-      x: the layer input, any float dtype (statistics in float32 for half types).
+      x: the layer input, any float dtype (computed in float32 for half types).
       axes: the reduced axes (all but the channel axis).
       ctx: the TowerContext; ctx.cross_tower is the build's reducer.
       layer_name: the layer's variable-scope name, for errors and op names.
+      beta, gamma: the [C] offset and scale variables, or None.
+      epsilon: added to the variance.
 
     Returns:
+      y: x normalized, shaped and typed like x.
       count: float32 scalar, examples x positions in the global batch.
       mean, variance: [C], the global batch's mean and biased variance.
     """
@@ -110,7 +124,12 @@ def _sync_moments(x, axes, ctx, layer_name):
             return per_channel
         return tf.reshape(per_channel, [channels] + [1] * (rank - 1 - channel_axis))
 
-    with tf.name_scope("sync_moments"):
+    # custom_gradient differentiates tensors, not variables: read them here.
+    # A missing beta / gamma is a constant, whose gradient goes nowhere.
+    gamma = tf.ones([channels], x32.dtype) if gamma is None else tf.cast(gamma, x32.dtype)
+    beta = tf.zeros([channels], x32.dtype) if beta is None else tf.cast(beta, x32.dtype)
+
+    with tf.name_scope("sync_batch_norm"):
         static_count = _static_count(x, axes)
         if static_count is None:
             count = tf.cast(_count(x, axes), x32.dtype)
@@ -118,11 +137,10 @@ def _sync_moments(x, axes, ctx, layer_name):
         else:
             count = None  # _per_example divides by the Python number
             count_row = tf.constant([float(static_count)], x32.dtype)
-        total = None  # the global count, set by the forward pass below
+        statistics = {}  # total, mean, variance, set by the forward pass
 
         @tf.custom_gradient
-        def global_moments(inputs):
-            nonlocal total
+        def normalize(inputs, scale, offset):
             # hi: a pivot at no pass over the data (the shard's first value per
             # channel; 0 for an empty shard); lo: the mean's offset from it.
             # M2 is taken around hi + lo, the shard's mean, so it stays exact
@@ -144,35 +162,41 @@ def _sync_moments(x, axes, ctx, layer_name):
             pivot = tf.reduce_sum(weights * his, axis=0)
             offsets = (his - pivot) + los  # e_i
             mean_offset = tf.reduce_sum(weights * offsets, axis=0)  # E
-            spreads = offsets - mean_offset  # e_i - E, [T, C]
-            m2_total = tf.reduce_sum(m2s + counts * tf.square(spreads), axis=0)
+            m2_total = tf.reduce_sum(
+                m2s + counts * tf.square(offsets - mean_offset), axis=0)
             mean = pivot + mean_offset
             variance = tf.math.divide_no_nan(m2_total, total)
+            statistics.update(total=total, mean=mean, variance=variance)
             # x - mean = (x - hi) - (mean - hi), and mean - hi = (P - hi) + E
             # is formed from small differences, so neither loses precision.
             mean_minus_hi = (pivot - hi) + mean_offset
+            inverse_std = tf.math.rsqrt(variance + epsilon)
+            k = inverse_std * scale
+            y = deviation * broadcast(k) + broadcast(offset - mean_minus_hi * k)
 
-            def gradient(grad_mean, grad_variance):
-                # d mean / dx = 1 / n and d variance / dx = 2 (x - mean) / n for
-                # every example of the global batch. The upstream gradients
-                # come from every tower's loss, so they are summed over towers
-                # (one collective) before being applied to this shard, as
-                # scale * (x - hi) + shift with per-channel scale and shift.
-                grad_mean = tf.zeros_like(mean) if grad_mean is None else grad_mean
-                grad_variance = tf.zeros_like(variance) if grad_variance is None else grad_variance
-                sums = reducer.sum(
-                    tf.concat([grad_mean, grad_variance], axis=0), ctx.index,
+            def gradient(grad_y):
+                # Local sums of g and g * (x - hi); the global sums of g and
+                # g * x_hat follow from them and the shared statistics.
+                sum_g = tf.reduce_sum(grad_y, axes)
+                sum_g_deviation = tf.reduce_sum(grad_y * deviation, axes)
+                sum_g_x_hat = inverse_std * (sum_g_deviation - mean_minus_hi * sum_g)
+                global_sums = reducer.sum(
+                    tf.concat([sum_g, sum_g_x_hat], axis=0), ctx.index,
                     name=layer_name, in_gradient=True, differentiable=False)
-                inverse_total = tf.math.divide_no_nan(1.0, total)
-                grad_mean, grad_variance = tf.split(sums * inverse_total, 2)
-                scale = 2.0 * grad_variance
-                shift = grad_mean - scale * mean_minus_hi
-                return deviation * broadcast(scale) + broadcast(shift)
+                global_g, global_g_x_hat = tf.split(
+                    global_sums * tf.math.divide_no_nan(1.0, total), 2)
+                # dx = k g - k mean(g) - k inverse_std mean(g x_hat) (x - mean)
+                #    = k g + a (x - hi) + c, with per-channel a and c.
+                a = -k * inverse_std * global_g_x_hat
+                c = -k * global_g - a * mean_minus_hi
+                grad_x = grad_y * broadcast(k) + (deviation * broadcast(a) + broadcast(c))
+                return grad_x, sum_g_x_hat, sum_g
 
-            return (mean, variance), gradient
+            return y, gradient
 
-        mean, variance = global_moments(x32)
-    return tf.cast(total, tf.float32), mean, variance
+        y = normalize(x32, gamma, beta)
+    return (tf.cast(y, x.dtype), tf.cast(statistics["total"], tf.float32),
+            statistics["mean"], statistics["variance"])
 
 
 def _static_count(x, axes):
@@ -249,9 +273,11 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
             "moving_variance", param_shape, trainable=False,
             initializer=tf.compat.v1.ones_initializer())
 
+        normalized = None  # set when sync batch norm normalizes by itself
         if ctx.is_training:
             if ctx.bn_mode == "sync" and ctx.num_towers > 1:
-                count, mean, variance = _sync_moments(x, reduce_axes, ctx, scope.name)
+                normalized, count, mean, variance = _sync_batch_norm(
+                    x, reduce_axes, ctx, scope.name, beta, gamma, epsilon)
             else:
                 count = _count(x, reduce_axes)
                 mean, variance = _moments(x, reduce_axes)
@@ -268,6 +294,8 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
                         tf.compat.v1.GraphKeys.UPDATE_OPS, update)
         else:
             mean, variance = moving_mean, moving_variance
+        if normalized is not None:
+            return normalized
 
         def shaped(t):
             # [C] broadcasts against a channels-last input as it is.
