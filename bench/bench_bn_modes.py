@@ -1,13 +1,16 @@
 """Step time of the three batch-norm modes on a CIFAR ResNet-20.
 
-    python bench/bench_bn_modes.py --towers=2,4,8 --repetitions=5
+    python bench/bench_bn_modes.py --towers=2,4,8 --repetitions=15
 
 For each tower count, one training graph per bn_mode is built (each in its
 own graph and Session, on virtual CPU devices unless GPUs are present), warmed
 up, then timed in interleaved repetitions: every repetition times each mode
 once, in a rotating order, so that load from other processes on the machine
 spreads over the modes instead of landing on one. Reports the median seconds
-per step of each mode and its ratio to first_tower.
+per step of each mode, its ratio to first_tower, and the spread of the
+paired ratios (each repetition's mode time over the same repetition's
+first_tower time; 25th to 75th percentile): a wide spread, or all_towers
+far from 1.00x, says the run was disturbed.
 
 The model is the CIFAR example's (examples/cifar10/models.py): ResNet-20 by
 default (He et al. 2016, CIFAR variant: 3 stages of 3 basic blocks, 16/32/64
@@ -42,7 +45,7 @@ flags.DEFINE_list(
 )
 flags.DEFINE_integer("global_batch", 128, "Examples per step, over all towers.")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per graph first.")
-flags.DEFINE_integer("repetitions", 5, "Interleaved timed repetitions.")
+flags.DEFINE_integer("repetitions", 15, "Interleaved timed repetitions.")
 flags.DEFINE_integer("steps_per_repetition", 4, "Steps timed per repetition.")
 flags.DEFINE_enum("param_device", "cpu", ["cpu", "gpu"], "Where variables live.")
 flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.")
@@ -102,7 +105,19 @@ def measure(num_towers):
             run.close()
     wall = {m: statistics.median(t[0] for t in times) for m, times in samples.items()}
     cpu = {m: statistics.median(t[1] for t in times) for m, times in samples.items()}
-    return wall, cpu, collectives
+    baseline = samples[FLAGS.modes[0]]
+    paired = {
+        m: [t[0] / b[0] for t, b in zip(times, baseline)] for m, times in samples.items()
+    }
+    return wall, cpu, collectives, paired
+
+
+def quartiles(values):
+    """'q1-q3' of `values` (the middle half), or the one value."""
+    if len(values) < 2:
+        return f"{values[0]:.2f}"
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return f"{q1:.2f}-{q3:.2f}"
 
 
 def main(argv):
@@ -123,15 +138,18 @@ def main(argv):
         + " | ".join(f"{m} / {baseline}" for m in FLAGS.modes[1:])
         + " | "
         + " | ".join(f"{m} / {baseline} (CPU time)" for m in FLAGS.modes[1:])
+        + " | "
+        + " | ".join(f"{m} / {baseline} per repetition (middle half)" for m in FLAGS.modes[1:])
         + " | collectives in the sync graph |"
     )
     print(header)
     print("|" + " --- |" * (header.count("|") - 1))
     for num_towers in (int(t) for t in FLAGS.towers):
-        wall, cpu, collectives = measure(num_towers)
+        wall, cpu, collectives, paired = measure(num_towers)
         cells = [f"{wall[m]:.3f}" for m in FLAGS.modes]
         cells += [f"{wall[m] / wall[baseline]:.2f}x" for m in FLAGS.modes[1:]]
         cells += [f"{cpu[m] / cpu[baseline]:.2f}x" for m in FLAGS.modes[1:]]
+        cells += [quartiles(paired[m]) for m in FLAGS.modes[1:]]
         cells.append(str(collectives.get("sync", 0)))
         print(f"| {num_towers} | " + " | ".join(cells) + " |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")

@@ -139,3 +139,21 @@ def test_report_marks_a_missed_target():
     assert math.isclose(mirrored.median, 2.0 / 1.11)
     summary = "\n".join(report._targets_summary(run))
     assert report.CROSS in summary and report.CHECK in summary
+
+
+def test_bn_mode_benchmark_prints_every_mode_and_ratio():
+    """bench/bench_bn_modes.py, the evidence for sync's cost, keeps running."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    result = subprocess.run(
+        [sys.executable, "bench/bench_bn_modes.py", "--towers=2", "--model=convnet",
+         "--global_batch=8", "--warmup_steps=1", "--repetitions=2", "--steps_per_repetition=1"],
+        check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| 2 |")]
+    assert len(rows) == 1, result.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    seconds = [float(c) for c in cells[1:4]]
+    assert all(s > 0 for s in seconds)
+    ratios = [float(c.rstrip("x")) for c in cells[4:8]]
+    assert all(0 < r < 100 for r in ratios)
+    assert int(cells[-1]) > 0  # the sync graph has collectives
