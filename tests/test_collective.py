@@ -370,3 +370,29 @@ def test_partial_fetch_run_ends_in_a_clear_error_not_a_hang():
     assert "Collective has timed out" in message
     for mode in ("run_options", "session_deadline"):
         assert "operation_timeout_in_ms" in reports[mode]["MESSAGE"]
+
+
+def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
+    from tensorflow.python.ops import collective_ops
+
+    from towerlib.collective import has_towerlib_collectives
+
+    foreign = tf.Graph()
+    with foreign.as_default():
+        # Someone else's collective, named like towerlib's.
+        with tf.name_scope("bn_cross_tower_gather"):
+            collective_ops.all_gather(tf.ones([1]), 1, 1, 1)
+    assert not has_towerlib_collectives(foreign)
+
+    unused = tf.Graph()
+    with unused.as_default():
+        CrossTowerReducer(cpu_devices(2))  # a reducer that never reduced
+    assert not has_towerlib_collectives(unused)
+
+    used = tf.Graph()
+    with used.as_default():
+        reducer = CrossTowerReducer(cpu_devices(2))
+        for i in range(2):
+            with tf.device(f"/device:CPU:{i}"):
+                reducer.sum(tf.ones([2]), i, name="anything")
+    assert has_towerlib_collectives(used)

@@ -801,9 +801,20 @@ _RUN_DEADLINE_MARKER = "Timed out waiting for notification"
 
 
 def has_towerlib_collectives(graph) -> bool:
-    """Whether `graph` holds cross-tower collectives (bn_mode='sync')."""
+    """Whether `graph` holds collectives of a CrossTowerReducer (bn_mode='sync').
+
+    Recognized by group key (the keys this graph's reducers were given), not
+    by op name, so other collectives in the graph do not count.
+    """
+    with _ALLOCATORS_LOCK:
+        allocator = _ALLOCATORS.get(graph)
+    group_keys = set(allocator.used_group_keys) if allocator is not None else set()
+    if not group_keys:
+        return False
     return any(
-        op.type in ("CollectiveReduce", "CollectiveGather") and "_cross_tower_" in op.name
+        op.type in _COLLECTIVE_OP_TYPES
+        and "group_key" in op.node_def.attr
+        and op.get_attr("group_key") in group_keys
         for op in graph.get_operations()
     )
 
