@@ -143,18 +143,21 @@ def _assignments(variables):
 
 def train_towerlib(
     data, num_towers, optimizer_kind, bn_mode="sync", param_device="cpu", shard_sizes=None,
-    devices=None,
+    devices=None, dynamic_batch=False,
 ):
     """towerlib on `num_towers` virtual CPUs; final variables by name.
 
     shard_sizes: if given, each tower reads its own slice of the global batch
     through an input function (ctx -> batch), with these (unequal) sizes.
     devices: the towers' devices, in tower order (default CPU:0, CPU:1, ...).
+    dynamic_batch: feed through placeholders whose batch size is unknown
+      when the graph is built (counts are then computed at run time).
     """
     graph = tf.Graph()
     with graph.as_default():
-        images = tf.compat.v1.placeholder(tf.float32, data[0][0].shape)
-        labels = tf.compat.v1.placeholder(tf.int32, data[0][1].shape)
+        leading = [None] if dynamic_batch else list(data[0][0].shape[:1])
+        images = tf.compat.v1.placeholder(tf.float32, leading + list(data[0][0].shape[1:]))
+        labels = tf.compat.v1.placeholder(tf.int32, leading + list(data[0][1].shape[1:]))
         inputs = (images, labels)
         if shard_sizes is not None:
             assert sum(shard_sizes) == data[0][0].shape[0]
@@ -221,6 +224,13 @@ def test_sync_with_input_function_unequal_shards_and_param_device(param_device):
     data = batches(15, seed=5)
     want = train_reference(data, "momentum")
     got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4])
+    assert max_abs_difference(got, want) <= 1e-5
+
+
+def test_sync_with_a_batch_size_known_only_at_run_time():
+    data = batches(17, seed=9)  # 6 + 6 + 5 after the run-time split
+    want = train_reference(data, "momentum")
+    got = train_towerlib(data, 3, "momentum", dynamic_batch=True)
     assert max_abs_difference(got, want) <= 1e-5
 
 
