@@ -115,13 +115,24 @@ def make_optimizer(kind):
     return tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
 
 
-def train_reference(data, optimizer_kind):
+def dense_model(inputs, ctx, batch_norm=towerlib_batch_norm):
+    """[B, 6, 6, 2] images -> flatten, dense, bn, relu, dense (no convolution)."""
+    images, labels = inputs
+    h = layers.dense(layers.flatten(images), 8, name="fc1", use_bias=False)
+    h = tf.nn.relu(batch_norm(h, ctx, "bn_fc1"))
+    logits = layers.dense(h, NUM_CLASSES, name="logits")
+    return tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+    )
+
+
+def train_reference(data, optimizer_kind, model=conv_dense_model):
     """Plain TF 1 on one device, whole global batch; final variables by name."""
     graph = tf.Graph()
     with graph.as_default():
         images = tf.compat.v1.placeholder(tf.float32, data[0][0].shape)
         labels = tf.compat.v1.placeholder(tf.int32, data[0][1].shape)
-        loss = conv_dense_model((images, labels), None, batch_norm=plain_tf_batch_norm)
+        loss = model((images, labels), None, batch_norm=plain_tf_batch_norm)
         with tf.control_dependencies(
             tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
         ):
@@ -143,7 +154,7 @@ def _assignments(variables):
 
 def train_towerlib(
     data, num_towers, optimizer_kind, bn_mode="sync", param_device="cpu", shard_sizes=None,
-    devices=None, dynamic_batch=False,
+    devices=None, dynamic_batch=False, model=conv_dense_model,
 ):
     """towerlib on `num_towers` virtual CPUs; final variables by name.
 
@@ -168,7 +179,7 @@ def train_towerlib(
                 return images[begin:end], labels[begin:end]
 
         train = towerlib.build_train_graph(
-            conv_dense_model,
+            model,
             inputs,
             make_optimizer(optimizer_kind),
             devices=devices or cpu_devices(num_towers),
@@ -224,6 +235,20 @@ def test_sync_with_input_function_unequal_shards_and_param_device(param_device):
     data = batches(15, seed=5)
     want = train_reference(data, "momentum")
     got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4])
+    assert max_abs_difference(got, want) <= 1e-5
+
+
+def test_an_empty_shard_weighs_nothing():
+    """An input function may give a tower no examples: its count of 0 drops
+    it from the statistics, and the rest train as one device would.
+
+    A dense model: in TF 2.21 on CPU, a convolution of an empty batch returns
+    the input's channel count ([0, 6, 6, 2] for 4 filters), which no batch
+    norm can fix.
+    """
+    data = batches(10, seed=11)
+    want = train_reference(data, "sgd", model=dense_model)
+    got = train_towerlib(data, 3, "sgd", shard_sizes=[6, 0, 4], model=dense_model)
     assert max_abs_difference(got, want) <= 1e-5
 
 
