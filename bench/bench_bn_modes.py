@@ -116,7 +116,7 @@ def quartiles(values):
     """'q1-q3' of `values` (the middle half), or the one value."""
     if len(values) < 2:
         return f"{values[0]:.2f}"
-    q1, _, q3 = statistics.quantiles(values, n=4)
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
     return f"{q1:.2f}-{q3:.2f}"
 
 

@@ -156,4 +156,7 @@ def test_bn_mode_benchmark_prints_every_mode_and_ratio():
     assert all(s > 0 for s in seconds)
     ratios = [float(c.rstrip("x")) for c in cells[4:8]]
     assert all(0 < r < 100 for r in ratios)
+    for spread in cells[8:10]:  # middle half of the paired ratios, 'q1-q3'
+        low, high = (float(v) for v in spread.split("-"))
+        assert 0 < low <= high
     assert int(cells[-1]) > 0  # the sync graph has collectives

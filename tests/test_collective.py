@@ -377,16 +377,20 @@ def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
 
     from towerlib.collective import has_towerlib_collectives
 
-    foreign = tf.Graph()
-    with foreign.as_default():
+    def foreign_collective():
         # Someone else's collective, named like towerlib's.
         with tf.name_scope("bn_cross_tower_gather"):
             collective_ops.all_gather(tf.ones([1]), 1, 1, 1)
+
+    foreign = tf.Graph()
+    with foreign.as_default():
+        foreign_collective()
     assert not has_towerlib_collectives(foreign)
 
     unused = tf.Graph()
     with unused.as_default():
-        CrossTowerReducer(cpu_devices(2))  # a reducer that never reduced
+        CrossTowerReducer(cpu_devices(2))  # a reducer that never reduced...
+        foreign_collective()  # ...next to a collective that is not its own
     assert not has_towerlib_collectives(unused)
 
     used = tf.Graph()
@@ -395,4 +399,26 @@ def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
         for i in range(2):
             with tf.device(f"/device:CPU:{i}"):
                 reducer.sum(tf.ones([2]), i, name="anything")
+        meta_graph = tf.compat.v1.train.export_meta_graph()
     assert has_towerlib_collectives(used)
+
+    imported = tf.Graph()  # no reducer here: only the ops' group keys remain
+    with imported.as_default():
+        tf.compat.v1.train.import_meta_graph(meta_graph)
+    assert has_towerlib_collectives(imported)
+
+
+def test_gather_and_gather_unordered_do_not_pair_with_each_other():
+    with tf.Graph().as_default():
+        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer.gather(tf.ones([3]), 0, name="rows")
+        with pytest.raises(CollectiveMismatchError, match="gather_unordered 'rows'"):
+            reducer.gather_unordered(tf.ones([3]), 1, name="rows")
+
+
+def test_gather_refuses_more_towers_than_its_dtype_can_tag():
+    with tf.Graph().as_default():
+        reducer = CrossTowerReducer([f"/device:CPU:{i}" for i in range(257)])
+        with pytest.raises(ValueError, match="bfloat16 holds integers exactly only up to 256"):
+            reducer.gather(tf.ones([3], tf.bfloat16), 0, name="rows")
+        reducer.gather(tf.ones([3], tf.float16), 0, name="ok")  # 257 <= 2048

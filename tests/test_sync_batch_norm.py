@@ -263,7 +263,8 @@ def test_sync_is_exact_when_tower_order_differs_from_device_order():
     """TensorFlow ranks a collective's members by device, not by tower index.
 
     Tower 0 on CPU:2 is rank 2 of the all-gather; a layer that read "its" row
-    by tower index would take another tower's statistics in the backward pass.
+    by tower index would normalize with, and differentiate through, another
+    tower's pivot.
     """
     data = batches(15, seed=8)
     want = train_reference(data, "sgd")

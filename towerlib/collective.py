@@ -94,6 +94,12 @@ _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS = 1 << 16
 # other users of collective ops in the same graph (tf.distribute starts at 1).
 _GROUP_KEY_BASE = 0x7A0000
 _INSTANCE_KEY_BASE = 0x7A0000
+# Group keys at or above the base and below this are towerlib's own; a graph
+# imported from a MetaGraphDef still shows them (its allocator is gone).
+_GROUP_KEY_END = _GROUP_KEY_BASE + 0x10000
+
+# Tower indices that a row tag of these dtypes represents exactly.
+_EXACT_INTEGERS = {tf.float16: 2048, tf.bfloat16: 256}
 
 
 class CollectiveMismatchError(ValueError):
@@ -386,7 +392,7 @@ class CrossTowerReducer:
         callers whose own tf.custom_gradient covers the call, like
         batch_norm's synchronized statistics.
         """
-        return self._reduce("gather", tensors, tower_index, name, differentiable=False)
+        return self._reduce("gather_unordered", tensors, tower_index, name)
 
     def check_consistent(self) -> None:
         """Raises CollectiveMismatchError unless all towers made the same calls.
@@ -519,7 +525,7 @@ class CrossTowerReducer:
                     result = unpack(reduced, leading=[])
                 else:
                     row = packed[tf.newaxis]
-                    if differentiable:
+                    if kind == "gather":
                         gathered = self._gather_in_tower_order(row, tower_index, instance_key, name)
                     else:
                         gathered = self._collective_gather(row, tower_index, instance_key)
@@ -540,7 +546,8 @@ class CrossTowerReducer:
         all-gather T - 1. For the small vectors of batch-norm statistics the
         steps' latency is the whole cost (on CPU each is a thread hand-off),
         so off NCCL small sums gather every tower's vector and add them up
-        locally, in tower order: the same bits on every tower.
+        locally, in the collective's rank order, which is the same on every
+        tower: so is every bit of the sum.
         """
         size = tensor.shape.num_elements()
         if (
@@ -602,6 +609,15 @@ class CrossTowerReducer:
 
     def _gather_in_tower_order(self, row, tower_index, forward_key, name):
         """[num_towers, K] with row t from tower t, whatever the ranks' order."""
+
+        exact_up_to = _EXACT_INTEGERS.get(row.dtype.base_dtype)
+        if exact_up_to is not None and len(self._devices) > exact_up_to:
+            raise ValueError(
+                f"CrossTowerReducer.gather ({name}) tags each row with its tower "
+                f"index in the rows' dtype, and {row.dtype.name} holds integers "
+                f"exactly only up to {exact_up_to}; this reducer has "
+                f"{len(self._devices)} towers. Cast the tensors to float32 first."
+            )
 
         @tf.custom_gradient
         def cross_tower_gather(x):
@@ -803,18 +819,22 @@ _RUN_DEADLINE_MARKER = "Timed out waiting for notification"
 def has_towerlib_collectives(graph) -> bool:
     """Whether `graph` holds collectives of a CrossTowerReducer (bn_mode='sync').
 
-    Recognized by group key (the keys this graph's reducers were given), not
-    by op name, so other collectives in the graph do not count.
+    Recognized by group key, not by op name, so other collectives in the
+    graph do not count: the keys this graph's reducers were given, and, for a
+    graph imported from a MetaGraphDef, keys in the range towerlib allocates
+    from.
     """
     with _ALLOCATORS_LOCK:
         allocator = _ALLOCATORS.get(graph)
-    group_keys = set(allocator.used_group_keys) if allocator is not None else set()
-    if not group_keys:
-        return False
+    claimed = set(allocator.used_group_keys) if allocator is not None else set()
+
+    def is_towerlib_key(key):
+        return key in claimed or _GROUP_KEY_BASE <= key < _GROUP_KEY_END
+
     return any(
         op.type in _COLLECTIVE_OP_TYPES
         and "group_key" in op.node_def.attr
-        and op.get_attr("group_key") in group_keys
+        and is_towerlib_key(op.get_attr("group_key"))
         for op in graph.get_operations()
     )
 
