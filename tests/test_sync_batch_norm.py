@@ -374,22 +374,32 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
 
 
 @pytest.mark.parametrize(
-    "center,scale,axis", [(True, True, -1), (False, True, -1), (True, False, 1), (False, False, 1)]
+    "center,scale,axis,dtype",
+    [
+        (True, True, -1, "float64"),
+        (False, True, -1, "float64"),
+        (True, False, 1, "float64"),
+        (False, False, 1, "float64"),
+        (True, True, -1, "float16"),
+    ],
 )
-def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale, axis):
+def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale, axis, dtype):
     """Forward and every gradient of sync batch norm, in float64, against
     tf.nn.moments + tf.nn.batch_normalization on the whole batch.
 
     Each tower differentiates its own loss sum(y_t * w_t); the gradient a
     tower gets for its shard must be that of the summed loss, and the
     towers' gamma and beta gradients must add up to the one-device ones.
+    float16 inputs: statistics and gradients in float32, outputs and input
+    gradients rounded to float16 (relative precision 5e-4).
     """
+    half = dtype == "float16"
     rng = np.random.RandomState(3)
     shard_sizes = [4, 1, 3]
     num_towers = len(shard_sizes)
     shape = [sum(shard_sizes), 3, 2, 5] if axis == -1 else [sum(shard_sizes), 5, 3, 2]
-    x = 2.0 + 3.0 * rng.randn(*shape)
-    weights = rng.randn(*shape)
+    x = (2.0 + 3.0 * rng.randn(*shape)).astype(dtype).astype(np.float64)
+    weights = rng.randn(*shape).astype(dtype).astype(np.float64)
     # The variables are float32: give the reference the same values.
     gamma_value = (1.0 + rng.rand(5)).astype(np.float32).astype(np.float64)
     beta_value = rng.randn(5).astype(np.float32).astype(np.float64)
@@ -400,12 +410,15 @@ def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale
 
     with tf.Graph().as_default():
         reducer = CrossTowerReducer(cpu_devices(num_towers))
-        shards = [tf.constant(x[starts[t] : starts[t + 1]]) for t in range(num_towers)]
+        shards = [
+            tf.constant(x[starts[t] : starts[t + 1]].astype(dtype)) for t in range(num_towers)
+        ]
 
         def forward(_, ctx):
             y = towerlib.batch_norm(
                 shards[ctx.index], ctx, name="bn", axis=axis, center=center, scale=scale)
-            return tf.reduce_sum(y * weights[starts[ctx.index] : starts[ctx.index + 1]])
+            shard_weights = weights[starts[ctx.index] : starts[ctx.index + 1]]
+            return tf.reduce_sum(tf.cast(y, tf.float64) * shard_weights)
 
         towers, _ = towerlib.build_towers(
             forward, lambda ctx: tf.zeros([shard_sizes[ctx.index]]), devices=cpu_devices(num_towers),
@@ -433,13 +446,17 @@ def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale
             want_loss, want = sess.run([loss, tf.gradients(loss, wanted)])
 
     assert sorted(param_names) == sorted(["gamma"] * scale + ["beta"] * center)
-    np.testing.assert_allclose(sum(losses), want_loss, rtol=1e-10)
-    got_dx = np.concatenate([tower_grads[0] for tower_grads in got])
-    np.testing.assert_allclose(got_dx, want[0], rtol=1e-9, atol=1e-12)
+    # float64: only rounding; float16: y and dx are rounded to float16.
+    loss_rtol, dx_atol, param_rtol = (2e-3, 2e-3, 2e-3) if half else (1e-10, 1e-12, 5e-7)
+    np.testing.assert_allclose(sum(losses), want_loss, rtol=loss_rtol)
+    got_dx = np.concatenate([tower_grads[0] for tower_grads in got]).astype(np.float64)
+    assert got_dx.dtype == np.float64 and got[0][0].dtype == np.dtype(dtype)
+    np.testing.assert_allclose(
+        got_dx, want[0], rtol=1e-3 if half else 1e-9, atol=dx_atol * np.abs(want[0]).max())
     for i in range(len(params)):
         got_param = sum(tower_grads[1 + i] for tower_grads in got)
-        # Rounded to float32 on the way to the float32 variables.
-        np.testing.assert_allclose(got_param, want[1 + i].reshape(-1), rtol=5e-7)
+        # float64 path: rounded to float32 on the way to the float32 variables.
+        np.testing.assert_allclose(got_param, want[1 + i].reshape(-1), rtol=param_rtol)
 
 
 def build_sync_on_two_towers(**options):
