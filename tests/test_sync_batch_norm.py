@@ -626,3 +626,34 @@ def test_variance_is_exact_when_a_shards_first_value_is_far_from_the_rest():
     # from raw squares instead would be off by ~20% here.
     np.testing.assert_allclose(got, images.astype(np.float64).var(axis=(0, 1, 2)),
                                rtol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_backward_keeps_no_float32_copy_of_half_precision_activations(dtype):
+    """Between forward and backward, sync batch norm keeps what the backward
+    reads. For float16 inputs that is the float16 input itself (x - hi is
+    recomputed), not the float32 x - hi, which would double the memory."""
+    with tf.Graph().as_default() as graph:
+        reducer = CrossTowerReducer(cpu_devices(2))
+        shards = [tf.ones([2, 3, 3, 4], dtype) * (i + 1) for i in range(2)]
+
+        def forward(_, ctx):
+            y = towerlib.batch_norm(shards[ctx.index], ctx, name="bn")
+            return tf.reduce_sum(tf.cast(y, tf.float32))
+
+        towers, _ = towerlib.build_towers(
+            forward, lambda ctx: tf.zeros([2]), devices=cpu_devices(2),
+            is_training=True, bn_mode="sync", cross_tower=reducer)
+        for tower, shard in zip(towers, shards):
+            tf.gradients(tower.loss, [shard])
+    deviations = [
+        op.outputs[0] for op in graph.get_operations()
+        if op.type == "Sub" and op.outputs[0].shape.as_list() == [2, 3, 3, 4]
+        and "gradients" not in op.name
+    ]
+    assert len(deviations) == 2  # one x - hi per tower
+    read_by_backward = [
+        consumer.name for tensor in deviations for consumer in tensor.consumers()
+        if "gradients" in consumer.name
+    ]
+    assert bool(read_by_backward) == (dtype == "float32"), read_by_backward

@@ -117,7 +117,8 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
             f"{reducer.num_towers} devices but the build has {ctx.num_towers} "
             "towers; create the reducer from the build's device list.")
 
-    x32 = tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
+    half = x.dtype in (tf.float16, tf.bfloat16)
+    stat_dtype = tf.float32 if half else x.dtype
     rank = x.shape.rank
     (channel_axis,) = [a for a in range(rank) if a not in axes]
     channels = int(x.shape[channel_axis])
@@ -133,31 +134,35 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
     # A missing beta / gamma is a constant, whose gradient goes nowhere.
     def value(variable, default):
         if variable is None:
-            return tf.fill([channels], tf.constant(default, x32.dtype))
-        return tf.cast(tf.convert_to_tensor(variable), x32.dtype)
+            return tf.fill([channels], tf.constant(default, stat_dtype))
+        return tf.cast(tf.convert_to_tensor(variable), stat_dtype)
 
     gamma, beta = value(gamma, 1.0), value(beta, 0.0)
 
     with tf.name_scope("sync_batch_norm"):
         static_count = _static_count(x, axes)
         if static_count is None:
-            count = tf.cast(_count(x, axes), x32.dtype)
+            count = tf.cast(_count(x, axes), stat_dtype)
             count_row = tf.reshape(count, [1])
         else:
             count = None  # _per_example divides by the Python number
-            count_row = tf.constant([float(static_count)], x32.dtype)
+            count_row = tf.constant([float(static_count)], stat_dtype)
         statistics = {}  # total, mean, variance, set by the forward pass
 
         @tf.custom_gradient
         def normalize(inputs, scale, offset):
+            # Half-precision inputs: statistics in float32. The backward
+            # recomputes x - hi from the half input rather than keep a float32
+            # copy of the activation alive between forward and backward.
+            inputs32 = tf.cast(inputs, tf.float32) if half else inputs
             # hi: a pivot at no pass over the data (the shard's first value per
             # channel; 0 for an empty shard); lo: the mean's offset from it.
             # M2 is taken around hi + lo, the shard's mean, so the variance
             # stays exact however far the first value lies from the rest.
-            first = inputs[tuple(slice(0, 1) if a in axes else slice(None)
-                                 for a in range(rank))]  # empty-safe
+            first = inputs32[tuple(slice(0, 1) if a in axes else slice(None)
+                                   for a in range(rank))]  # empty-safe
             hi = tf.reduce_sum(first, axes)
-            deviation = inputs - broadcast(hi)
+            deviation = inputs32 - broadcast(hi)
             lo = _per_example(tf.reduce_sum(deviation, axes), count, static_count)
             m2 = tf.reduce_sum(tf.math.squared_difference(deviation, broadcast(lo)), axes)
             # Rows in rank order (any order: the combination is symmetric).
@@ -184,10 +189,15 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
             y = deviation * broadcast(k) + broadcast(offset - mean_minus_hi * k)
 
             def gradient(grad_y):
+                if half:
+                    grad_y = tf.cast(grad_y, tf.float32)
+                    deviation_again = tf.cast(inputs, tf.float32) - broadcast(hi)
+                else:
+                    deviation_again = deviation
                 # Local sums of g and g * (x - hi); the global sums of g and
                 # g * x_hat follow from them and the shared statistics.
                 sum_g = tf.reduce_sum(grad_y, axes)
-                sum_g_deviation = tf.reduce_sum(grad_y * deviation, axes)
+                sum_g_deviation = tf.reduce_sum(grad_y * deviation_again, axes)
                 sum_g_x_hat = inverse_std * (sum_g_deviation - mean_minus_hi * sum_g)
                 global_sums = reducer.sum(
                     tf.concat([sum_g, sum_g_x_hat], axis=0), ctx.index,
@@ -198,13 +208,13 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
                 #    = k g + a (x - hi) + c, with per-channel a and c.
                 a = -k * inverse_std * global_g_x_hat
                 c = -k * global_g - a * mean_minus_hi
-                grad_x = grad_y * broadcast(k) + (deviation * broadcast(a) + broadcast(c))
-                return grad_x, sum_g_x_hat, sum_g
+                grad_x = grad_y * broadcast(k) + (deviation_again * broadcast(a) + broadcast(c))
+                return tf.cast(grad_x, inputs.dtype), sum_g_x_hat, sum_g
 
-            return y, gradient
+            return tf.cast(y, inputs.dtype), gradient
 
-        y = normalize(x32, gamma, beta)
-    return (tf.cast(y, x.dtype), tf.cast(statistics["total"], tf.float32),
+        y = normalize(x, gamma, beta)
+    return (y, tf.cast(statistics["total"], tf.float32),
             statistics["mean"], statistics["variance"])
 
 
