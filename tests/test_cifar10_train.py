@@ -226,3 +226,27 @@ def test_train_script_prints_one_clear_error(tmp_path, args, expected):
     assert completed.returncode == 2
     assert "error: " in completed.stderr and expected in completed.stderr
     assert "Traceback" not in completed.stderr
+
+
+def test_main_job_trains_with_sync_batch_norm(tmp_path):
+    """bn_mode=sync end to end through run_training (fetch check, step
+    deadline), evaluation and export, on 2 CPU towers."""
+    config = config_lib.TrainConfig(
+        train_dir=str(tmp_path),
+        model="resnet8",
+        num_towers=2,
+        device_type="cpu",
+        global_batch_size=64,
+        bn_mode="sync",
+        bn_momentum=0.9,
+        learning_rate=0.1,
+        lr_decay_epochs=[10],
+        max_steps=SHORT_RUN_STEPS,
+        log_every_n_steps=60,
+        save_checkpoint_steps=1000,
+        seed=1,
+    )
+    figures = main.run(config)
+    assert figures["global_step"] == SHORT_RUN_STEPS
+    assert figures["precision_at_1"] > 0.5, figures  # chance is 0.1
+    assert abs(figures["saved_model_precision_at_1"] - figures["precision_at_1"]) <= 0.002
