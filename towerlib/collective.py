@@ -378,8 +378,10 @@ class CrossTowerReducer:
         Row order. An all-gather stacks rows in the collective's rank order,
         which TensorFlow chooses: sorted device names on CPU, an order that
         follows the interconnect on GPUs. So each row travels with its tower
-        index and the rows are put back in tower order (five small ops);
-        ``gather_unordered`` skips that for combinations that do not care.
+        index and the rows are put back in tower order: a handful of small ops,
+        and on GPUs a trip to host memory for the permutation (TensorFlow's
+        InvertPermutation runs there). ``gather_unordered`` skips all that,
+        for combinations that do not care about the order.
         """
         return self._reduce("gather", tensors, tower_index, name)
 
