@@ -23,19 +23,12 @@ import tensorflow as tf
 from towerlib.context import BatchNormStatistics
 
 
-def _moments(x, axes):
-    """Shard mean and biased variance, in float32 for half-precision inputs.
+def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchronized):
+    """Batch norm of x in training, with shard or global-batch statistics.
 
-    Variance is the mean squared deviation from the mean (two passes), so a
-    large common offset does not cancel catastrophically.
-    """
-    x32 = tf.cast(x, tf.float32) if x.dtype in (tf.float16, tf.bfloat16) else x
-    mean, variance = tf.nn.moments(x32, axes)
-    return mean, variance
-
-
-def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
-    """Batch norm of x with the statistics of the whole global batch.
+    synchronized=False (bn_mode 'first_tower' and 'all_towers', or one tower):
+    the statistics of this tower's shard, as below with one tower and no
+    collective. synchronized=True ('sync'): those of the whole global batch.
 
     Each tower summarizes its shard, ONE all-gather across the towers (through
     ctx.cross_tower, a towerlib.collective.CrossTowerReducer) hands every
@@ -101,8 +94,8 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
       count: float32 scalar, examples x positions in the global batch.
       mean, variance: [C], the global batch's mean and biased variance.
     """
-    reducer = ctx.cross_tower
-    if reducer is None:
+    reducer = ctx.cross_tower if synchronized else None
+    if synchronized and reducer is None:
         raise ValueError(
             f"batch_norm '{layer_name}' runs with bn_mode='sync' in training on "
             f"{ctx.num_towers} towers, but the tower context has no cross-tower "
@@ -111,7 +104,7 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
             "build_towers(..., is_training=True) pass cross_tower="
             "towerlib.collective.CrossTowerReducer(devices) and call its "
             "check_consistent() after building.")
-    if reducer.num_towers != ctx.num_towers:
+    if synchronized and reducer.num_towers != ctx.num_towers:
         raise ValueError(
             f"batch_norm '{layer_name}': the cross-tower reducer spans "
             f"{reducer.num_towers} devices but the build has {ctx.num_towers} "
@@ -139,7 +132,7 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
 
     gamma, beta = value(gamma, 1.0), value(beta, 0.0)
 
-    with tf.name_scope("sync_batch_norm"):
+    with tf.name_scope("sync_batch_norm" if synchronized else "batch_norm"):
         static_count = _static_count(x, axes)
         if static_count is None:
             count = tf.cast(_count(x, axes), stat_dtype)
@@ -148,6 +141,36 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
             count = None  # _per_example divides by the Python number
             count_row = tf.constant([float(static_count)], stat_dtype)
         statistics = {}  # total, mean, variance, set by the forward pass
+
+        def global_statistics(hi, lo, m2):
+            """(total, mean, variance, mean - hi) of the whole global batch.
+
+            One all-gather of every tower's (count, hi, lo, M2), combined
+            with Chan's formula around the pivot P (see above).
+            """
+            # Rows in rank order (any order: the combination is symmetric).
+            summaries = reducer.gather_unordered(
+                tf.concat([count_row, hi, lo, m2], axis=0), ctx.index,
+                name=layer_name)  # [T, 1 + 3C]
+            counts, his, los, m2s = tf.split(
+                summaries, [1, channels, channels, channels], axis=1)
+            total = tf.reduce_sum(counts)
+            weights = tf.math.divide_no_nan(counts, total)  # [T, 1]
+            pivot = tf.reduce_sum(weights * his, axis=0)
+            offsets = (his - pivot) + los  # e_i
+            mean_offset = tf.reduce_sum(weights * offsets, axis=0)  # E
+            m2_total = tf.reduce_sum(
+                m2s + counts * tf.square(offsets - mean_offset), axis=0)
+            variance = tf.math.divide_no_nan(m2_total, total)
+            # x - mean = (x - hi) - (mean - hi), and mean - hi = (P - hi) + E
+            # is formed from small differences, so neither loses precision.
+            return total, pivot + mean_offset, variance, (pivot - hi) + mean_offset
+
+        def sum_over_towers(per_channel_sums):
+            if not synchronized:
+                return per_channel_sums
+            return reducer.sum(per_channel_sums, ctx.index, name=layer_name,
+                               in_gradient=True, differentiable=False)
 
         @tf.custom_gradient
         def normalize(inputs, scale, offset):
@@ -165,25 +188,13 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
             deviation = inputs32 - broadcast(hi)
             lo = _per_example(tf.reduce_sum(deviation, axes), count, static_count)
             m2 = tf.reduce_sum(tf.math.squared_difference(deviation, broadcast(lo)), axes)
-            # Rows in rank order (any order: the combination is symmetric).
-            summaries = reducer.gather_unordered(
-                tf.concat([count_row, hi, lo, m2], axis=0), ctx.index,
-                name=layer_name)  # [T, 1 + 3C]
-            counts, his, los, m2s = tf.split(
-                summaries, [1, channels, channels, channels], axis=1)
-            total = tf.reduce_sum(counts)
-            weights = tf.math.divide_no_nan(counts, total)  # [T, 1]
-            pivot = tf.reduce_sum(weights * his, axis=0)
-            offsets = (his - pivot) + los  # e_i
-            mean_offset = tf.reduce_sum(weights * offsets, axis=0)  # E
-            m2_total = tf.reduce_sum(
-                m2s + counts * tf.square(offsets - mean_offset), axis=0)
-            mean = pivot + mean_offset
-            variance = tf.math.divide_no_nan(m2_total, total)
+            if synchronized:
+                total, mean, variance, mean_minus_hi = global_statistics(hi, lo, m2)
+            else:
+                total = count_row[0]
+                mean, variance = hi + lo, _per_example(m2, count, static_count)
+                mean_minus_hi = lo
             statistics.update(total=total, mean=mean, variance=variance)
-            # x - mean = (x - hi) - (mean - hi), and mean - hi = (P - hi) + E
-            # is formed from small differences, so neither loses precision.
-            mean_minus_hi = (pivot - hi) + mean_offset
             inverse_std = tf.math.rsqrt(variance + epsilon)
             k = inverse_std * scale
             y = deviation * broadcast(k) + broadcast(offset - mean_minus_hi * k)
@@ -194,20 +205,18 @@ def _sync_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon):
                     deviation_again = tf.cast(inputs, tf.float32) - broadcast(hi)
                 else:
                     deviation_again = deviation
-                # Local sums of g and g * (x - hi); the global sums of g and
-                # g * x_hat follow from them and the shared statistics.
+                # Local sums of g and g * (x - hi); the batch's sums of g and
+                # g * x_hat follow from them and the statistics.
                 sum_g = tf.reduce_sum(grad_y, axes)
                 sum_g_deviation = tf.reduce_sum(grad_y * deviation_again, axes)
                 sum_g_x_hat = inverse_std * (sum_g_deviation - mean_minus_hi * sum_g)
-                global_sums = reducer.sum(
-                    tf.concat([sum_g, sum_g_x_hat], axis=0), ctx.index,
-                    name=layer_name, in_gradient=True, differentiable=False)
-                global_g, global_g_x_hat = tf.split(
-                    global_sums * tf.math.divide_no_nan(1.0, total), 2)
+                batch_sums = sum_over_towers(tf.concat([sum_g, sum_g_x_hat], axis=0))
+                mean_g, mean_g_x_hat = tf.split(
+                    batch_sums * tf.math.divide_no_nan(1.0, total), 2)
                 # dx = k g - k mean(g) - k inverse_std mean(g x_hat) (x - mean)
                 #    = k g + a (x - hi) + c, with per-channel a and c.
-                a = -k * inverse_std * global_g_x_hat
-                c = -k * global_g - a * mean_minus_hi
+                a = -k * inverse_std * mean_g_x_hat
+                c = -k * mean_g - a * mean_minus_hi
                 grad_x = grad_y * broadcast(k) + (deviation_again * broadcast(a) + broadcast(c))
                 return tf.cast(grad_x, inputs.dtype), sum_g_x_hat, sum_g
 
@@ -293,14 +302,11 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
             "moving_variance", param_shape, trainable=False,
             initializer=tf.compat.v1.ones_initializer())
 
-        normalized = None  # set when sync batch norm normalizes by itself
+        normalized = None  # training normalizes with batch statistics itself
         if ctx.is_training:
-            if ctx.bn_mode == "sync" and ctx.num_towers > 1:
-                normalized, count, mean, variance = _sync_batch_norm(
-                    x, reduce_axes, ctx, scope.name, beta, gamma, epsilon)
-            else:
-                count = _count(x, reduce_axes)
-                mean, variance = _moments(x, reduce_axes)
+            synchronized = ctx.bn_mode == "sync" and ctx.num_towers > 1
+            normalized, count, mean, variance = _training_batch_norm(
+                x, reduce_axes, ctx, scope.name, beta, gamma, epsilon, synchronized)
             statistics = BatchNormStatistics(
                 tower_index=ctx.index, count=tf.stop_gradient(count),
                 mean=tf.stop_gradient(mean), variance=tf.stop_gradient(variance),
