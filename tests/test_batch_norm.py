@@ -164,3 +164,63 @@ def test_user_update_ops_follow_the_mode(bn_mode, runs_per_step):
             for _ in range(2):
                 session.run(train.train_op)
             assert session.run(counter) == 2 * runs_per_step
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_shard_statistics_and_gradients_match_plain_tf(dtype):
+    """The local modes' written-out batch norm against tf.nn.moments +
+    tf.nn.batch_normalization and automatic differentiation, on one tower:
+    outputs, every gradient (input, gamma, beta) and the recorded statistics."""
+    rng = np.random.RandomState(4)
+    x = (1.0 + 2.0 * rng.randn(5, 3, 4, 6)).astype(dtype)
+    upstream = rng.randn(5, 3, 4, 6).astype(np.float32)
+    with tf.Graph().as_default():
+        ctx = towerlib.TowerContext.single(is_training=True)
+        inputs = tf.constant(x)
+        y = towerlib.batch_norm(inputs, ctx, name="bn", epsilon=EPSILON)
+        variables = {v.op.name.split("/")[-1]: v for v in tf.compat.v1.trainable_variables()}
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+        got = tf.gradients(loss, [inputs, variables["gamma"], variables["beta"]])
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            variables["gamma"].load(np.linspace(0.5, 2.0, 6), session)
+            variables["beta"].load(np.linspace(-1.0, 1.0, 6), session)
+            got_y, got = session.run([y, got])
+
+    with tf.Graph().as_default():
+        inputs = tf.constant(x.astype(np.float64))
+        gamma = tf.constant(np.linspace(0.5, 2.0, 6).astype(np.float32).astype(np.float64))
+        beta = tf.constant(np.linspace(-1.0, 1.0, 6).astype(np.float32).astype(np.float64))
+        mean, variance = tf.nn.moments(inputs, [0, 1, 2])
+        y = tf.nn.batch_normalization(inputs, mean, variance, beta, gamma, EPSILON)
+        want = tf.gradients(tf.reduce_sum(y * upstream), [inputs, gamma, beta])
+        with tf.compat.v1.Session() as session:
+            want_y, want = session.run([y, want])
+
+    half = dtype == "float16"
+    tolerance = dict(rtol=2e-3, atol=2e-3) if half else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_y.astype(np.float64), want_y, **tolerance)
+    assert got[0].dtype == np.dtype(dtype)
+    np.testing.assert_allclose(got[0].astype(np.float64), want[0],
+                               atol=(2e-3 if half else 1e-5) * np.abs(want[0]).max())
+    # float16: the upstream gradient reaches y rounded to float16 (5e-4).
+    for got_param, want_param in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(
+            got_param, want_param, rtol=1e-5,
+            atol=(2e-3 if half else 1e-5) * np.abs(want_param).max())
+
+
+def test_shard_outputs_stay_accurate_at_a_large_mean():
+    """Outputs formed from x - hi: at a mean of 1e4 and a spread of 0.02, a
+    normalization computed as x * k + b would be off by 0.03 standard deviations."""
+    rng = np.random.RandomState(5)
+    x = (1e4 + 0.02 * rng.randn(8, 4, 4, 3)).astype(np.float32)
+    with tf.Graph().as_default():
+        ctx = towerlib.TowerContext.single(is_training=True)
+        y = towerlib.batch_norm(tf.constant(x), ctx, name="bn", epsilon=1e-9)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            got = session.run(y)
+    x64 = x.astype(np.float64)
+    want = (x64 - x64.mean((0, 1, 2))) / np.sqrt(x64.var((0, 1, 2)) + 1e-9)
+    np.testing.assert_allclose(got, want, atol=1e-4)
