@@ -5,6 +5,11 @@ In training a layer normalizes with batch statistics:
 - 'first_tower' and 'all_towers': each tower with its own shard's statistics;
 - 'sync': every tower with the statistics of the whole global batch.
 
+All modes train through one implementation (`_training_batch_norm`): a
+robust two-pass variance, outputs formed from small differences, and the
+backward written out. 'sync' adds one collective per layer in each
+direction; the modes differ in nothing else, so their costs compare fairly.
+
 The moving statistics used for inference are not updated by each tower.
 Every tower records its (count, mean, variance) in the build's
 `TowerRecords`; the builder then emits ONE moving-average update per layer
