@@ -96,8 +96,9 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
 
     Returns:
       y: x normalized, shaped and typed like x.
-      count: float32 scalar, examples x positions in the global batch.
-      mean, variance: [C], the global batch's mean and biased variance.
+      count: float32 scalar, the examples x positions the statistics cover:
+        the shard's, or the global batch's when synchronized.
+      mean, variance: [C], their mean and biased variance.
     """
     reducer = ctx.cross_tower if synchronized else None
     if synchronized and reducer is None:
