@@ -30,28 +30,31 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    """A short run of the main job: resnet8 on 2 CPU towers, weight EMA, bn_mode=all_towers,
-    on the generated data written to its default place under train_dir."""
-    train_dir = str(tmp_path_factory.mktemp("run"))
-    config = config_lib.TrainConfig(
+def short_run_config(train_dir, **options):
+    """resnet8 on 2 CPU towers for SHORT_RUN_STEPS steps; `options` add or override."""
+    settings = dict(
         train_dir=train_dir,
         model="resnet8",
         num_towers=2,
         device_type="cpu",
         global_batch_size=64,
-        bn_mode="all_towers",
         bn_momentum=0.9,
         learning_rate=0.1,
         lr_decay_epochs=[10],
-        ema_decay=0.9,
         max_steps=SHORT_RUN_STEPS,
-        log_every_n_steps=40,
-        save_summaries_steps=20,
         save_checkpoint_steps=1000,
         seed=1,
     )
+    settings.update(options)
+    return config_lib.TrainConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """A short run of the main job: resnet8 on 2 CPU towers, weight EMA, bn_mode=all_towers,
+    on the generated data written to its default place under train_dir."""
+    config = short_run_config(str(tmp_path_factory.mktemp("run")), bn_mode="all_towers",
+                              ema_decay=0.9, log_every_n_steps=40, save_summaries_steps=20)
     lines = _Lines()
     loggers = [logging.getLogger("cifar10"), logging.getLogger("towerlib")]
     for logger in loggers:
@@ -231,21 +234,7 @@ def test_train_script_prints_one_clear_error(tmp_path, args, expected):
 def test_main_job_trains_with_sync_batch_norm(tmp_path):
     """bn_mode=sync end to end through run_training (fetch check, step
     deadline), evaluation and export, on 2 CPU towers."""
-    config = config_lib.TrainConfig(
-        train_dir=str(tmp_path),
-        model="resnet8",
-        num_towers=2,
-        device_type="cpu",
-        global_batch_size=64,
-        bn_mode="sync",
-        bn_momentum=0.9,
-        learning_rate=0.1,
-        lr_decay_epochs=[10],
-        max_steps=SHORT_RUN_STEPS,
-        log_every_n_steps=60,
-        save_checkpoint_steps=1000,
-        seed=1,
-    )
+    config = short_run_config(str(tmp_path), bn_mode="sync", log_every_n_steps=60)
     figures = main.run(config)
     assert figures["global_step"] == SHORT_RUN_STEPS
     assert figures["precision_at_1"] > 0.5, figures  # chance is 0.1
