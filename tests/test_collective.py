@@ -17,6 +17,8 @@ from towerlib.collective import (
 
 
 COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveGather")
+# What a reduction computes must not depend on how the towers exchange it.
+TRANSPORTS = ["graph", "collective"]
 
 
 def cpu_devices(n):
@@ -28,14 +30,16 @@ def session(graph, n):
     return tf.compat.v1.Session(graph=graph, config=config)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("num_towers", [2, 3, 4])
-def test_sum_and_gather_forward_are_exact(num_towers):
+def test_sum_and_gather_forward_are_exact(num_towers, transport):
     rng = np.random.default_rng(num_towers)
     vectors = [rng.normal(size=[5]).astype(np.float32) for _ in range(num_towers)]
     matrices = [rng.normal(size=[2, 3]).astype(np.float32) for _ in range(num_towers)]
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(num_towers), timeout_seconds=30)
+        reducer = CrossTowerReducer(cpu_devices(num_towers), timeout_seconds=30,
+                                    transport=transport)
         sums, gathers = [], []
         for i in range(num_towers):
             with tf.device(f"/device:CPU:{i}"):
@@ -52,8 +56,9 @@ def test_sum_and_gather_forward_are_exact(num_towers):
     assert gathers[0].shape.as_list() == [num_towers, 5]
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("num_towers", [2, 3, 4])
-def test_gradients_through_sum_and_gather_are_exact(num_towers):
+def test_gradients_through_sum_and_gather_are_exact(num_towers, transport):
     """Each tower differentiates its own loss, as a tower builder does.
 
     Tower t: s = sum_u x_u (all-reduce), G = [x_0; ...] (all-gather),
@@ -67,7 +72,8 @@ def test_gradients_through_sum_and_gather_are_exact(num_towers):
     weights = rng.normal(size=[num_towers, 4])
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(num_towers), timeout_seconds=30)
+        reducer = CrossTowerReducer(cpu_devices(num_towers), timeout_seconds=30,
+                                    transport=transport)
         grads = []
         for i in range(num_towers):
             with tf.device(f"/device:CPU:{i}"):
@@ -85,8 +91,9 @@ def test_gradients_through_sum_and_gather_are_exact(num_towers):
         np.testing.assert_allclose(got[i], want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("tower_devices", [[2, 0, 1], [1, 2, 0], [3, 2, 1, 0]])
-def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_devices):
+def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_devices, transport):
     """Collective ranks follow the devices (sorted names on CPU, the
     interconnect on GPUs), not the order the towers list them in."""
     num_towers = len(tower_devices)
@@ -96,7 +103,7 @@ def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_dev
     weights = rng.normal(size=[num_towers, 3])
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(devices, timeout_seconds=30)
+        reducer = CrossTowerReducer(devices, timeout_seconds=30, transport=transport)
         gathers, unordered, grads = [], [], []
         for i, device in enumerate(devices):
             with tf.device(device):
@@ -115,15 +122,16 @@ def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_dev
         # The same rows in the same (rank) order on every tower.
         np.testing.assert_array_equal(got_unordered[i], got_unordered[0])
     assert sorted(map(tuple, got_unordered[0])) == sorted(map(tuple, np.stack(xs)))
-    # The test has teeth: here the rank order is not the tower order.
-    assert not np.array_equal(got_unordered[0], np.stack(xs))
+    if transport == "collective":
+        # The test has teeth: here the rank order is not the tower order.
+        assert not np.array_equal(got_unordered[0], np.stack(xs))
 
 
 @pytest.mark.parametrize("ordered", [False, True])
 def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, ordered=ordered)
+        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, ordered=ordered, transport="collective")
         for i in range(2):
             x = tf.ones([3])
             y = reducer.sum(x, i, name="first")
@@ -149,7 +157,7 @@ def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
 def test_backward_uses_its_own_instance_keys():
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30)
+        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, transport="collective")
         for i in range(2):
             x = tf.ones([3])
             tf.gradients(tf.reduce_sum(reducer.sum(x, i) ** 2), x)
@@ -170,7 +178,7 @@ def test_small_sums_gather_large_sums_all_reduce_both_exact():
     small = [rng.normal(size=[6]).astype(np.float32) for _ in range(3)]
     large = [rng.normal(size=[40000]).astype(np.float32) for _ in range(3)]
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(3), timeout_seconds=30)
+        reducer = CrossTowerReducer(cpu_devices(3), timeout_seconds=30, transport="collective")
         outs = [
             (reducer.sum(small[i], i, name="small"), reducer.sum(large[i], i, name="large"))
             for i in range(3)
@@ -195,6 +203,7 @@ def test_gpu_devices_use_nccl():
         for i in range(2):
             reducer.sum(tf.ones([2]), i)
     op = next(o for o in graph.get_operations() if o.type == "CollectiveReduce")
+    assert reducer.transport == "collective"
     assert reducer.communication_hint == "nccl"
     assert reducer.ordered
     assert op.get_attr("communication_hint") == b"nccl"
@@ -203,14 +212,14 @@ def test_gpu_devices_use_nccl():
 
 def test_group_keys_unique_per_reducer_and_per_graph():
     with tf.Graph().as_default():
-        a = CrossTowerReducer(cpu_devices(2))
-        b = CrossTowerReducer(cpu_devices(2))
+        a = CrossTowerReducer(cpu_devices(2), transport="collective")
+        b = CrossTowerReducer(cpu_devices(2), transport="collective")
         assert a.group_key != b.group_key
         with pytest.raises(ValueError, match="already used"):
-            CrossTowerReducer(cpu_devices(2), group_key=a.group_key)
+            CrossTowerReducer(cpu_devices(2), group_key=a.group_key, transport="collective")
     with tf.Graph().as_default():
         # A fresh graph starts afresh: nothing leaks from the previous graph.
-        assert CrossTowerReducer(cpu_devices(2)).group_key == a.group_key
+        assert CrossTowerReducer(cpu_devices(2), transport="collective").group_key == a.group_key
 
 
 def test_one_tower_builds_no_collective():
@@ -229,9 +238,10 @@ def test_one_tower_builds_no_collective():
     np.testing.assert_array_equal(grad_val, [2.0, 4.0])
 
 
-def test_shape_mismatch_is_an_error_at_build_time_naming_the_tower():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_shape_mismatch_is_an_error_at_build_time_naming_the_tower(transport):
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(3))
+        reducer = CrossTowerReducer(cpu_devices(3), transport=transport)
         reducer.sum(tf.ones([4]), 0, name="conv1/bn")
         reducer.sum(tf.ones([4]), 1, name="conv1/bn")
         with pytest.raises(
@@ -242,9 +252,10 @@ def test_shape_mismatch_is_an_error_at_build_time_naming_the_tower():
             reducer.sum(tf.ones([8]), 2, name="conv2/bn")
 
 
-def test_call_count_mismatch_is_caught_by_check_consistent():
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_call_count_mismatch_is_caught_by_check_consistent(transport):
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(cpu_devices(2), transport=transport)
         for name in ("bn1", "bn2"):
             reducer.sum(tf.ones([4]), 0, name=name)
         reducer.sum(tf.ones([4]), 1, name="bn1")
@@ -262,6 +273,8 @@ def test_bad_arguments_fail_early_with_the_fix():
             CrossTowerReducer(cpu_devices(2), timeout_seconds=0)
         with pytest.raises(ValueError, match="distinct"):
             CrossTowerReducer(["/device:CPU:0", "/cpu:0"])
+        with pytest.raises(ValueError, match=r"transport must be one of \('collective', 'graph'\)"):
+            CrossTowerReducer(cpu_devices(2), transport="nccl")
         reducer = CrossTowerReducer(cpu_devices(2))
         with pytest.raises(ValueError, match=r"tower_index must be an int in \[0, 2\)"):
             reducer.sum(tf.ones([2]), 2)
@@ -275,7 +288,7 @@ def test_bad_arguments_fail_early_with_the_fix():
 def test_default_collectives_have_no_per_op_timeout():
     """TF starts a sleeping thread per op and step for a per-op timeout."""
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(cpu_devices(2), transport="collective")
         for i in range(2):
             reducer.sum(tf.ones([2]), i)
     ops = [op for op in graph.get_operations() if op.type in COLLECTIVE_TYPES]
@@ -285,7 +298,7 @@ def test_default_collectives_have_no_per_op_timeout():
 
 def test_check_fetches_finds_a_partial_fetch_before_running():
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(3))
+        reducer = CrossTowerReducer(cpu_devices(3), transport="collective")
         inputs = [tf.constant([float(i)]) for i in range(3)]
         outs = [reducer.sum(x, i, name="bn1") * 2.0 for i, x in enumerate(inputs)]
         with pytest.raises(PartialFetchError, match=r"run 1 of the 3 ops.*bn1_cross_tower_sum"):
@@ -329,7 +342,8 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
       with tf.Graph().as_default() as graph:
         reducer = CrossTowerReducer(
             ['/device:CPU:0', '/device:CPU:1'],
-            timeout_seconds=2.0 if mode == 'op_timeout' else None)
+            timeout_seconds=2.0 if mode == 'op_timeout' else None,
+            transport='collective')
         outs = [reducer.sum(tf.ones([3]), i, name='bn1') for i in range(2)]
         config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
         if mode == 'session_deadline':
@@ -389,13 +403,13 @@ def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
 
     unused = tf.Graph()
     with unused.as_default():
-        CrossTowerReducer(cpu_devices(2))  # a reducer that never reduced...
+        CrossTowerReducer(cpu_devices(2), transport="collective")  # a reducer that never reduced...
         foreign_collective()  # ...next to a collective that is not its own
     assert not has_towerlib_collectives(unused)
 
     used = tf.Graph()
     with used.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(cpu_devices(2), transport="collective")
         for i in range(2):
             with tf.device(f"/device:CPU:{i}"):
                 reducer.sum(tf.ones([2]), i, name="anything")
@@ -418,7 +432,7 @@ def test_gather_and_gather_unordered_do_not_pair_with_each_other():
 
 def test_gather_refuses_more_towers_than_its_dtype_can_tag():
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer([f"/device:CPU:{i}" for i in range(257)])
+        reducer = CrossTowerReducer([f"/device:CPU:{i}" for i in range(257)], transport="collective")
         with pytest.raises(ValueError, match="bfloat16 holds integers exactly only up to 256"):
             reducer.gather(tf.ones([3], tf.bfloat16), 0, name="rows")
         reducer.gather(tf.ones([3], tf.float16), 0, name="ok")  # 257 <= 2048

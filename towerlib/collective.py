@@ -10,15 +10,26 @@ collective *instance key*; all towers of one reducer share a *group key*.
             total = reducer.sum(local_stats, tower_index=i, name="bn1")
     reducer.check_consistent()  # once every tower (and its gradients) is built
 
-Why collective ops rather than an add_n of every tower's tensor: towers are
-built one after the other, so when tower 0 needs the sum, the tensors of the
-later towers do not exist yet. Collective ops pair up at run time by key, so
-each tower can be built alone. They also run on the tower devices themselves
-(NCCL between GPUs): no statistics cross to a parameter device.
+Two transports carry the values (the ``transport`` argument):
 
-The reductions are exact in both directions. Collective ops have no
-registered gradient, so each call is wrapped in a ``tf.custom_gradient``
-whose backward is itself a collective with its own instance key:
+  * 'collective': collective ops, one per tower and call, paired at run time
+    by key, so each tower can be built alone. They run on the tower devices
+    themselves (NCCL between GPUs): no statistics cross to a parameter
+    device. The default when every tower is a GPU.
+  * 'graph': one hub op per call on the first tower's device, fed by every
+    tower through ordinary graph edges (towerlib.graph_exchange). On CPU
+    devices an edge is a pointer hand-off where a collective is a ring of
+    thread hand-offs, and a graph edge cannot wait for a tower that is not
+    run. The default otherwise.
+
+Either way, every tower's result is the same bits, and what follows about
+pairing and checks holds; the run-time guards below only matter for
+collectives.
+
+The reductions are exact in both directions. Neither transport passes a
+gradient by itself (collective ops have none registered; a hub ends in a
+StopGradient), so each call is wrapped in a ``tf.custom_gradient`` whose
+backward is itself a reduction with its own instance key:
 
   * ``sum``: y = sum_t x_t on every tower, so dL/dx_i = sum_t dL_t/dy_t: the
     backward is a sum of the incoming gradients.
@@ -66,6 +77,8 @@ from typing import List, Optional, Sequence, Tuple
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from towerlib import graph_exchange
+
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
     "CollectiveFetchCheckHook",
@@ -87,7 +100,7 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 
 # Off NCCL, a sum whose gathered copies (num_towers x size) stay under this
 # many elements is computed as an all-gather plus a local sum: half the
-# sequential ring steps of an all-reduce (see CrossTowerReducer._collective_sum).
+# sequential ring steps of an all-reduce (see CrossTowerReducer._sum_across).
 _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS = 1 << 16
 
 # Keys start far from 0 so that towerlib's collectives do not collide with
@@ -100,6 +113,8 @@ _GROUP_KEY_END = _GROUP_KEY_BASE + 0x10000
 
 # Tower indices that a row tag of these dtypes represents exactly.
 _EXACT_INTEGERS = {tf.float16: 2048, tf.bfloat16: 256}
+
+TRANSPORTS = ("collective", "graph")
 
 
 class CollectiveMismatchError(ValueError):
@@ -230,6 +245,12 @@ class CrossTowerReducer:
         device is a GPU and 'auto' (ring) otherwise.
       ordered: chain each tower's collectives in creation order with control
         dependencies. None means: only for 'nccl', which needs it.
+      transport: 'collective' (collective ops, paired by key at run time) or
+        'graph' (one hub op per reduction, fed by every tower through graph
+        edges: towerlib.graph_exchange). None picks 'collective' when every
+        device is a GPU, for NCCL, and 'graph' otherwise: on CPU devices it
+        is far cheaper than a collective ring and cannot hang. The other
+        arguments only concern the 'collective' transport.
 
     With one device no collective is built: ``sum`` is the identity and
     ``gather`` adds a leading axis of size 1.
@@ -242,6 +263,7 @@ class CrossTowerReducer:
         timeout_seconds: Optional[float] = None,
         communication_hint: Optional[str] = None,
         ordered: Optional[bool] = None,
+        transport: Optional[str] = None,
     ):
         devices = list(devices)
         if not devices:
@@ -257,9 +279,16 @@ class CrossTowerReducer:
                 f"timeout_seconds must be None (no per-op timeout) or a positive "
                 f"number of seconds, got {timeout_seconds!r}."
             )
+        all_gpus = {tf.DeviceSpec.from_string(d).device_type for d in devices} == {"GPU"}
+        if transport is None:
+            transport = "collective" if all_gpus else "graph"
+        if transport not in TRANSPORTS:
+            raise ValueError(
+                f"transport must be one of {TRANSPORTS} (or None to choose by "
+                f"device type), got {transport!r}."
+            )
         if communication_hint is None:
-            types = {tf.DeviceSpec.from_string(d).device_type for d in devices}
-            communication_hint = "nccl" if types == {"GPU"} else "auto"
+            communication_hint = "nccl" if all_gpus else "auto"
         if communication_hint not in ("auto", "ring", "nccl"):
             raise ValueError(
                 f"communication_hint must be 'auto', 'ring' or 'nccl', got {communication_hint!r}."
@@ -267,7 +296,10 @@ class CrossTowerReducer:
 
         self._graph = tf.compat.v1.get_default_graph()
         self._keys = _allocator_for(self._graph)
-        if len(devices) > 1:
+        self._transport = transport
+        self._exchange = (graph_exchange.GraphExchange(devices)
+                          if transport == "graph" else None)
+        if len(devices) > 1 and transport == "collective":
             if group_key is None:
                 group_key = self._keys.new_group_key()
             else:
@@ -301,8 +333,13 @@ class CrossTowerReducer:
         return len(self._devices)
 
     @property
+    def transport(self) -> str:
+        """'collective' or 'graph' (see the constructor)."""
+        return self._transport
+
+    @property
     def group_key(self) -> Optional[int]:
-        """The collective group key, or None for a one-tower reducer."""
+        """The collective group key; None for one tower or the graph transport."""
         return self._group_key
 
     @property
@@ -523,14 +560,16 @@ class CrossTowerReducer:
                     if differentiable:
                         reduced = self._differentiable_sum(packed, tower_index, instance_key, name)
                     else:
-                        reduced = self._collective_sum(packed, tower_index, instance_key)
+                        reduced = self._sum_across(
+                            packed, tower_index, instance_key,
+                            name + "/backward" if in_gradient else name)
                     result = unpack(reduced, leading=[])
                 else:
                     row = packed[tf.newaxis]
                     if kind == "gather":
                         gathered = self._gather_in_tower_order(row, tower_index, instance_key, name)
                     else:
-                        gathered = self._collective_gather(row, tower_index, instance_key)
+                        gathered = self._gather_across(row, tower_index, instance_key, name)
                     result = unpack(gathered, leading=[len(self._devices)])
         return result[0] if single else result
 
@@ -541,7 +580,7 @@ class CrossTowerReducer:
             return []
         return [previous]
 
-    def _collective_sum(self, tensor, tower_index, instance_key):
+    def _sum_across(self, tensor, tower_index, instance_key, name):
         """Sum over towers of `tensor` ([K]), by one collective on this tower.
 
         A ring all-reduce takes 2 (T - 1) steps one after the other; a ring
@@ -551,13 +590,15 @@ class CrossTowerReducer:
         locally, in the collective's rank order, which is the same on every
         tower: so is every bit of the sum.
         """
+        if self._exchange is not None:
+            return self._exchange.sum(tensor, tower_index, instance_key, name)
         size = tensor.shape.num_elements()
         if (
             self._communication_hint != "nccl"
             and size is not None
             and size * len(self._devices) <= _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS
         ):
-            gathered = self._collective_gather(tensor[tf.newaxis], tower_index, instance_key)
+            gathered = self._gather_across(tensor[tf.newaxis], tower_index, instance_key, name)
             with tf.device(self._devices[tower_index]):
                 return tf.reduce_sum(gathered, axis=0)
         with tf.device(self._devices[tower_index]):
@@ -576,8 +617,14 @@ class CrossTowerReducer:
         self._last_collective[tower_index] = out.op
         return out
 
-    def _collective_gather(self, tensor, tower_index, instance_key):
-        """One all-gather op (along axis 0) on this tower's device."""
+    def _gather_across(self, tensor, tower_index, instance_key, name):
+        """One all-gather op (along axis 0) on this tower's device.
+
+        Rows come in the collective's rank order; through the graph
+        transport, in tower order.
+        """
+        if self._exchange is not None:
+            return self._exchange.gather(tensor, tower_index, instance_key, name)
         with tf.device(self._devices[tower_index]):
             deps = self._order_after(tower_index)
             with tf.control_dependencies(deps):
@@ -603,9 +650,9 @@ class CrossTowerReducer:
         def cross_tower_sum(x):
             def grad(upstream):
                 key = self._backward_key("sum", tower_index, name, upstream)
-                return self._collective_sum(upstream, tower_index, key)
+                return self._sum_across(upstream, tower_index, key, name + "/backward")
 
-            return self._collective_sum(x, tower_index, forward_key), grad
+            return self._sum_across(x, tower_index, forward_key, name), grad
 
         return cross_tower_sum(packed)
 
@@ -613,7 +660,7 @@ class CrossTowerReducer:
         """[num_towers, K] with row t from tower t, whatever the ranks' order."""
 
         exact_up_to = _EXACT_INTEGERS.get(row.dtype.base_dtype)
-        if exact_up_to is not None and len(self._devices) > exact_up_to:
+        if self._exchange is None and exact_up_to is not None and len(self._devices) > exact_up_to:
             raise ValueError(
                 f"CrossTowerReducer.gather ({name}) tags each row with its tower "
                 f"index in the rows' dtype, and {row.dtype.name} holds integers "
@@ -623,18 +670,19 @@ class CrossTowerReducer:
 
         @tf.custom_gradient
         def cross_tower_gather(x):
+            if self._exchange is not None:  # rows are in tower order already
+                return self._gather_across(x, tower_index, forward_key, name), grad
             tagged = tf.concat([tf.constant([[tower_index]], x.dtype), x], axis=1)
-            rows = self._collective_gather(tagged, tower_index, forward_key)
+            rows = self._gather_across(tagged, tower_index, forward_key, name)
             # Column 0 maps rank -> tower; its inverse says where tower t's row is.
             rank_of_tower = tf.math.invert_permutation(tf.cast(rows[:, 0], tf.int32))
             in_tower_order = tf.gather(rows[:, 1:], rank_of_tower)
-
-            def grad(upstream):  # [num_towers, K] in tower order
-                key = self._backward_key("gather", tower_index, name, upstream)
-                total = self._collective_sum(upstream, tower_index, key)
-                return total[tower_index : tower_index + 1]
-
             return in_tower_order, grad
+
+        def grad(upstream):  # [num_towers, K] in tower order
+            key = self._backward_key("gather", tower_index, name, upstream)
+            total = self._sum_across(upstream, tower_index, key, name + "/backward")
+            return total[tower_index : tower_index + 1]
 
         return cross_tower_gather(row)
 

@@ -86,11 +86,12 @@ def _global_step_for(global_step, param_device, devices):
         return tf.compat.v1.train.get_or_create_global_step()
 
 
-def _make_cross_tower_reducer(bn_mode, devices, timeout_seconds):
+def _make_cross_tower_reducer(bn_mode, devices, timeout_seconds, transport):
     """The reducer sync batch norm all-reduces through; None for other modes."""
     if bn_mode != "sync" or len(devices) == 1:
         return None
-    return collective.CrossTowerReducer(devices, timeout_seconds=timeout_seconds)
+    return collective.CrossTowerReducer(
+        devices, timeout_seconds=timeout_seconds, transport=transport)
 
 
 def _tower_shares(towers):
@@ -139,7 +140,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
-                      sync_timeout_seconds=None):
+                      sync_timeout_seconds=None, sync_transport=None):
     """Builds the multi-tower training step.
 
     Args:
@@ -169,6 +170,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         towerlib.collective.CrossTowerReducer). Towers that would make
         different collectives fail at build time; bound runs with
         towerlib.collective.bounded_session_config and check_fetches.
+      sync_transport: with bn_mode='sync', how the towers exchange
+        statistics: 'graph', 'collective', or None for 'collective' (NCCL)
+        when every tower is a GPU and 'graph' otherwise (see
+        towerlib.collective.CrossTowerReducer).
 
     Returns:
       A TrainGraph.
@@ -183,7 +188,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     trainable_before = set(tf.compat.v1.trainable_variables())
     regularization_before = tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
-    cross_tower = _make_cross_tower_reducer(bn_mode, devices, sync_timeout_seconds)
+    cross_tower = _make_cross_tower_reducer(
+        bn_mode, devices, sync_timeout_seconds, sync_transport)
     towers, records = towers_lib.build_towers(
         tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
         param_device=param_device, records=records, cross_tower=cross_tower)
