@@ -40,8 +40,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("towers", ["2", "4", "8"], "Tower counts to measure.")
 flags.DEFINE_list(
     "modes",
-    ["first_tower", "all_towers", "sync"],
-    "Batch-norm modes; the first is the ratios' baseline.",
+    ["first_tower", "all_towers", "sync", "sync/collective"],
+    "Batch-norm modes; the first is the ratios' baseline. 'sync/T' is sync "
+    "with sync_transport T ('graph' or 'collective'); plain 'sync' takes the "
+    "default transport for the devices.",
 )
 flags.DEFINE_integer("global_batch", 128, "Examples per step, over all towers.")
 flags.DEFINE_integer("warmup_steps", 3, "Untimed steps per graph first.")
@@ -54,8 +56,9 @@ flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.
 class ModeRun:
     """One bn_mode's training graph and Session, ready to be stepped."""
 
-    def __init__(self, num_towers, bn_mode):
-        self.bn_mode = bn_mode
+    def __init__(self, num_towers, mode):
+        self.mode = mode
+        bn_mode, _, transport = mode.partition("/")
         self.graph = tf.Graph()
         rng = np.random.RandomState(0)
         with self.graph.as_default():
@@ -67,6 +70,7 @@ class ModeRun:
                 tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
                 num_towers=num_towers,
                 bn_mode=bn_mode,
+                sync_transport=transport or None,
                 param_device=FLAGS.param_device,
                 summaries=False,
             )
@@ -94,12 +98,12 @@ def measure(num_towers):
     try:
         for run in runs:
             run.seconds_per_step(FLAGS.warmup_steps)
-        samples = {run.bn_mode: [] for run in runs}
+        samples = {run.mode: [] for run in runs}
         for repetition in range(FLAGS.repetitions):
             shift = repetition % len(runs)
             for run in runs[shift:] + runs[:shift]:
-                samples[run.bn_mode].append(run.seconds_per_step(FLAGS.steps_per_repetition))
-        collectives = {run.bn_mode: run.collectives for run in runs}
+                samples[run.mode].append(run.seconds_per_step(FLAGS.steps_per_repetition))
+        collectives = {run.mode: run.collectives for run in runs}
     finally:
         for run in runs:
             run.close()
@@ -140,7 +144,7 @@ def main(argv):
         + " | ".join(f"{m} / {baseline} (CPU time)" for m in FLAGS.modes[1:])
         + " | "
         + " | ".join(f"{m} / {baseline} per repetition (middle half)" for m in FLAGS.modes[1:])
-        + " | collectives in the sync graph |"
+        + " | collective ops per step |"
     )
     print(header)
     print("|" + " --- |" * (header.count("|") - 1))
@@ -150,7 +154,7 @@ def main(argv):
         cells += [f"{wall[m] / wall[baseline]:.2f}x" for m in FLAGS.modes[1:]]
         cells += [f"{cpu[m] / cpu[baseline]:.2f}x" for m in FLAGS.modes[1:]]
         cells += [quartiles(paired[m]) for m in FLAGS.modes[1:]]
-        cells.append(str(collectives.get("sync", 0)))
+        cells.append(", ".join(f"{m}: {n}" for m, n in collectives.items() if n) or "0")
         print(f"| {num_towers} | " + " | ".join(cells) + " |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 

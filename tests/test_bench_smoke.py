@@ -149,14 +149,20 @@ def test_bn_mode_benchmark_prints_every_mode_and_ratio():
          "--global_batch=8", "--warmup_steps=1", "--repetitions=2", "--steps_per_repetition=1"],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| 2 |")]
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("| towers |"))
+    rows = [line for line in lines if line.startswith("| 2 |")]
     assert len(rows) == 1, result.stdout
-    cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    seconds = [float(c) for c in cells[1:4]]
-    assert all(s > 0 for s in seconds)
-    ratios = [float(c.rstrip("x")) for c in cells[4:8]]
-    assert all(0 < r < 100 for r in ratios)
-    for spread in cells[8:10]:  # middle half of the paired ratios, 'q1-q3'
-        low, high = (float(v) for v in spread.split("-"))
+    table = dict(zip((c.strip() for c in header.strip("|").split("|")),
+                     (c.strip() for c in rows[0].strip("|").split("|"))))
+    modes = ["first_tower", "all_towers", "sync", "sync/collective"]
+    assert all(float(table[f"{m} s/step"]) > 0 for m in modes)
+    for mode in modes[1:]:
+        for column in (f"{mode} / first_tower", f"{mode} / first_tower (CPU time)"):
+            assert 0 < float(table[column].rstrip("x")) < 100
+        # Middle half of the paired ratios, 'q1-q3'.
+        low, high = (float(v) for v in
+                     table[f"{mode} / first_tower per repetition (middle half)"].split("-"))
         assert 0 < low <= high
-    assert int(cells[-1]) > 0  # the sync graph has collectives
+    # Only the collective transport's graph has collective ops.
+    assert re.fullmatch(r"sync/collective: [1-9]\d*", table["collective ops per step"])

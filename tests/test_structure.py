@@ -210,8 +210,11 @@ def test_summary_tags_are_exact_even_when_op_names_collide():
     assert {"loss", "learning_rate"} <= {v.tag for v in summary.value}
 
 
-def test_run_training_with_sync_batch_norm_bounds_each_step(tmp_path, monkeypatch):
-    """run_training turns on the partial-fetch check and a step deadline for sync."""
+@pytest.mark.parametrize("transport,deadlines", [("collective", [120]), ("graph", [])])
+def test_run_training_with_sync_batch_norm_bounds_each_step(
+        tmp_path, monkeypatch, transport, deadlines):
+    """run_training turns on the partial-fetch check and a step deadline for
+    collectives; graph edges cannot wait for a missing tower and get none."""
     from towerlib import collective
 
     seen_configs = []
@@ -220,12 +223,12 @@ def test_run_training_with_sync_batch_norm_bounds_each_step(tmp_path, monkeypatc
                         lambda config, seconds: seen_configs.append(seconds)
                         or original(config, seconds))
     with tf.Graph().as_default():
-        train = build(2, bn_mode="sync")
+        train = build(2, bn_mode="sync", sync_transport=transport)
         step, loss = towerlib.run_training(
             train, train_dir=str(tmp_path), max_steps=2,
             session_config=towerlib.session_config(2), collective_timeout_secs=120)
     assert step == 2 and np.isfinite(loss)
-    assert seen_configs == [120]
+    assert seen_configs == deadlines
 
 
 def test_activity_regularization_in_the_tower_is_weighted_like_the_loss():

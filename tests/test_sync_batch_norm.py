@@ -154,7 +154,7 @@ def _assignments(variables):
 
 def train_towerlib(
     data, num_towers, optimizer_kind, bn_mode="sync", param_device="cpu", shard_sizes=None,
-    devices=None, dynamic_batch=False, model=conv_dense_model,
+    devices=None, dynamic_batch=False, model=conv_dense_model, transport=None,
 ):
     """towerlib on `num_towers` virtual CPUs; final variables by name.
 
@@ -163,6 +163,7 @@ def train_towerlib(
     devices: the towers' devices, in tower order (default CPU:0, CPU:1, ...).
     dynamic_batch: feed through placeholders whose batch size is unknown
       when the graph is built (counts are then computed at run time).
+    transport: sync_transport (None: the default for CPU towers, 'graph').
     """
     graph = tf.Graph()
     with graph.as_default():
@@ -186,6 +187,7 @@ def train_towerlib(
             bn_mode=bn_mode,
             param_device=param_device,
             sync_timeout_seconds=60,
+            sync_transport=transport,
             summaries=False,
         )
         variables = model_variables()
@@ -203,6 +205,7 @@ def max_abs_difference(got, want):
     return max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
 
 
+@pytest.mark.parametrize("transport", ["graph", "collective"])
 @pytest.mark.parametrize(
     "num_towers,global_batch,optimizer_kind",
     [
@@ -212,11 +215,11 @@ def max_abs_difference(got, want):
     ],
 )
 def test_sync_training_matches_one_device_on_the_global_batch(
-    num_towers, global_batch, optimizer_kind
+    num_towers, global_batch, optimizer_kind, transport
 ):
     data = batches(global_batch, seed=num_towers)
     want = train_reference(data, optimizer_kind)
-    got = train_towerlib(data, num_towers, optimizer_kind)
+    got = train_towerlib(data, num_towers, optimizer_kind, transport=transport)
     assert any(k.endswith("bn_conv1/moving_variance") for k in got)
     assert any(k.endswith("bn_fc1/gamma") for k in got)
     assert max_abs_difference(got, want) <= 1e-5
@@ -259,7 +262,8 @@ def test_sync_with_a_batch_size_known_only_at_run_time():
     assert max_abs_difference(got, want) <= 1e-5
 
 
-def test_sync_is_exact_when_tower_order_differs_from_device_order():
+@pytest.mark.parametrize("transport", ["graph", "collective"])
+def test_sync_is_exact_when_tower_order_differs_from_device_order(transport):
     """TensorFlow ranks a collective's members by device, not by tower index.
 
     Tower 0 on CPU:2 is rank 2 of the all-gather; a layer that read "its" row
@@ -270,12 +274,13 @@ def test_sync_is_exact_when_tower_order_differs_from_device_order():
     want = train_reference(data, "sgd")
     got = train_towerlib(
         data, 3, "sgd", shard_sizes=[6, 2, 7],
-        devices=["/device:CPU:2", "/device:CPU:0", "/device:CPU:1"])
+        devices=["/device:CPU:2", "/device:CPU:0", "/device:CPU:1"], transport=transport)
     assert max_abs_difference(got, want) <= 1e-5
 
 
+@pytest.mark.parametrize("transport", ["graph", "collective"])
 @pytest.mark.parametrize("num_towers,shard_sizes", [(2, [7, 3]), (3, [5, 1, 4])])
-def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_sizes):
+def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_sizes, transport):
     """Inputs around 1e4 with spread 0.05: E[x^2] - E[x]^2 in float32 would be
     off by several units (its terms are ~1e8, float32 spacing there is 8); the
     variances here are 4e-4 to 1e-2 and must come out to 1e-5 relative."""
@@ -285,7 +290,7 @@ def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_si
     starts = np.cumsum([0] + shard_sizes)
     with tf.Graph().as_default():
         devices = cpu_devices(num_towers)
-        reducer = CrossTowerReducer(devices, timeout_seconds=30)
+        reducer = CrossTowerReducer(devices, timeout_seconds=30, transport=transport)
 
         def forward(_, ctx):
             shard = tf.constant(x[starts[ctx.index] : starts[ctx.index + 1]])
@@ -472,14 +477,19 @@ def build_sync_on_two_towers(**options):
     )
 
 
-def test_inference_uses_moving_statistics_without_collectives_on_one_tower():
+def _exchange_ops(graph):
+    """Names of the ops that move statistics between towers, either transport."""
+    return {op.name for op in graph.get_operations()
+            if op.type.startswith("Collective") or op.name.startswith("cross_tower_exchange")}
+
+
+@pytest.mark.parametrize("transport", ["graph", "collective"])
+def test_inference_uses_moving_statistics_without_collectives_on_one_tower(transport):
     with tf.Graph().as_default() as graph:
         data = batches(8, steps=1)[0]
-        train = build_sync_on_two_towers(summaries=False)
-        assert [op for op in graph.get_operations() if op.type == "CollectiveGather"]
-        collectives_before = {
-            op.name for op in graph.get_operations() if op.type.startswith("Collective")
-        }
+        train = build_sync_on_two_towers(summaries=False, sync_transport=transport)
+        collectives_before = _exchange_ops(graph)
+        assert collectives_before  # the training graph has them
         captured = {}
 
         def evaluate(inputs, ctx):
@@ -498,9 +508,7 @@ def test_inference_uses_moving_statistics_without_collectives_on_one_tower():
                 bn_mode="sync",
                 reuse_variables=True,
             )
-        assert {
-            op.name for op in graph.get_operations() if op.type.startswith("Collective")
-        } == collectives_before
+        assert _exchange_ops(graph) == collectives_before
         with tf.compat.v1.variable_scope("bn_conv1", reuse=True):
             moving_mean = tf.compat.v1.get_variable("moving_mean")
             moving_variance = tf.compat.v1.get_variable("moving_variance")
@@ -555,7 +563,7 @@ def test_sync_training_without_a_reducer_is_a_clear_error():
 
 def test_fetching_one_towers_loss_is_caught_before_running():
     with tf.Graph().as_default():
-        train = build_sync_on_two_towers()
+        train = build_sync_on_two_towers(sync_transport="collective")
         with pytest.raises(PartialFetchError, match=r"run 1 of the 2 ops.*tower_0/bn_conv1"):
             check_fetches(train.tower_losses[0])
         check_fetches([train.train_op, train.loss])  # every tower: fine
@@ -574,7 +582,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
       train = towerlib.build_train_graph(
           conv_dense_model, tuple(tf.constant(t) for t in data),
           tf.compat.v1.train.GradientDescentOptimizer(0.1),
-          devices=cpu_devices(2), bn_mode='sync')
+          devices=cpu_devices(2), bn_mode='sync', sync_transport='collective')
       config = bounded_session_config(towerlib.session_config(2), timeout_seconds=2.0)
       with tf.compat.v1.Session(config=config) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())
@@ -596,6 +604,18 @@ def test_running_one_towers_loss_ends_in_a_clear_error_within_a_bound():
     assert float(lines["ELAPSED"]) < 20.0
     assert "cross-tower collectives" in lines["MESSAGE"]
     assert "fetch the train op" in lines["MESSAGE"]
+
+
+def test_through_the_graph_transport_one_towers_loss_runs_and_needs_no_check():
+    """CPU towers exchange through graph edges by default: a run that fetches
+    tower 0's loss runs tower 1's half too, so there is nothing to wait for."""
+    with tf.Graph().as_default():
+        train = build_sync_on_two_towers()
+        check_fetches(train.tower_losses[0])
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            losses = sess.run(train.tower_losses)
+            assert sess.run(train.tower_losses[0]) == losses[0]
 
 
 def test_variance_is_exact_when_a_shards_first_value_is_far_from_the_rest():
