@@ -120,3 +120,21 @@ def test_the_exchange_is_a_wall_for_autodiff_like_a_collective():
         y1 = uses_the_rows(x1)
         assert tf.gradients(tf.reduce_sum(y1), weight) == [None]
         assert tf.gradients(tf.reduce_sum(y1), x1)[0] is not None
+
+
+@pytest.mark.parametrize("prefix", ["", "/job:worker/replica:0/task:1"])
+def test_gpu_towers_keep_nccl_collectives_unless_the_graph_transport_is_asked_for(prefix):
+    """Built only (no GPU here): what the device strings decide."""
+    devices = [f"{prefix}/device:GPU:{i}" for i in range(2)]
+    with tf.Graph().as_default() as graph:
+        default = CrossTowerReducer(devices)
+        for i in range(2):
+            default.sum(tf.ones([2]), i, name="bn1")
+        assert default.transport == "collective"
+        assert default.communication_hint == "nccl"
+        asked = CrossTowerReducer(devices, transport="graph")
+        for i in range(2):
+            with tf.device(devices[i]):
+                asked.sum(tf.ones([2]), i, name="bn1")
+        (hub,) = hub_ops(graph)
+    assert tf.DeviceSpec.from_string(hub.device) == tf.DeviceSpec.from_string(devices[0])
