@@ -44,17 +44,15 @@ class GraphExchange:
     """Gathers and sums across towers with one hub op per exchange.
 
     Args:
-      devices: one device string per tower.
-      hub_device: where the hub ops run; tower 0's device when None.
+      devices: one device string per tower; the hub ops run on the first.
 
     Exchanges are identified by a key that every tower passes for the same
     call (the reducer's instance keys). Tensors must be packed rank-1 vectors
     (sum) or [1, K] rows (gather), of the same dtype and shape in every tower.
     """
 
-    def __init__(self, devices: Sequence[str], hub_device=None):
+    def __init__(self, devices: Sequence[str]):
         self._devices = list(devices)
-        self._hub_device = self._devices[0] if hub_device is None else hub_device
         self._hubs: Dict[int, _Hub] = {}
         self._scope = None
 
@@ -65,11 +63,6 @@ class GraphExchange:
     def sum(self, vector, tower_index: int, key: int, name: str):
         """[K]: the sum over towers of each tower's [K] vector."""
         return self._exchange("sum", vector, tower_index, key, name)
-
-    def waiting_towers(self) -> List[int]:
-        """Towers that still have an unfilled slot in some exchange."""
-        return sorted({t for hub in self._hubs.values()
-                       for t, waits in enumerate(hub.waiting) if waits})
 
     def _exchange(self, kind, tensor, tower_index, key, name):
         hub = self._hubs.get(key)
@@ -103,7 +96,7 @@ class GraphExchange:
                     with tf.device(device):
                         slots.append(tf.compat.v1.placeholder(
                             tensor.dtype, tensor.shape, name=f"awaiting_tower_{t}"))
-                with tf.device(self._hub_device):
+                with tf.device(self._devices[0]):
                     if kind == "gather":
                         combined = tf.raw_ops.ConcatV2(values=slots, axis=0, name="gather")
                     else:
