@@ -2,15 +2,17 @@
 
     python bench/bench_bn_modes.py --towers=2,4,8 --repetitions=15
 
-For each tower count, one training graph per bn_mode is built (each in its
+For each tower count, one training graph per mode is built (each in its
 own graph and Session, on virtual CPU devices unless GPUs are present), warmed
 up, then timed in interleaved repetitions: every repetition times each mode
 once, in a rotating order, so that load from other processes on the machine
-spreads over the modes instead of landing on one. Reports the median seconds
-per step of each mode, its ratio to first_tower, and the spread of the
-paired ratios (each repetition's mode time over the same repetition's
-first_tower time; 25th to 75th percentile): a wide spread, or all_towers
-far from 1.00x, says the run was disturbed.
+spreads over the modes instead of landing on one. 'sync' runs with the
+default transport for the devices (graph edges on CPUs) and 'sync/collective'
+through collective ops. Reports the median seconds per step of each mode,
+its ratio to first_tower (by wall clock and by CPU time), and the median and
+middle half (25th to 75th percentile) of the paired ratios, each
+repetition's mode time over the same repetition's first_tower time: a wide
+spread, or all_towers far from 1.00x, says the run was disturbed.
 
 The model is the CIFAR example's (examples/cifar10/models.py): ResNet-20 by
 default (He et al. 2016, CIFAR variant: 3 stages of 3 basic blocks, 16/32/64
@@ -116,12 +118,16 @@ def measure(num_towers):
     return wall, cpu, collectives, paired
 
 
-def quartiles(values):
-    """'q1-q3' of `values` (the middle half), or the one value."""
+def paired_summary(values):
+    """'median (q1-q3)' of per-repetition ratios, or the one value.
+
+    The median of paired ratios is steadier than a ratio of medians: a
+    repetition slowed by outside load slows both of its terms.
+    """
     if len(values) < 2:
         return f"{values[0]:.2f}"
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return f"{q1:.2f}-{q3:.2f}"
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return f"{median:.2f} ({q1:.2f}-{q3:.2f})"
 
 
 def main(argv):
@@ -143,7 +149,8 @@ def main(argv):
         + " | "
         + " | ".join(f"{m} / {baseline} (CPU time)" for m in FLAGS.modes[1:])
         + " | "
-        + " | ".join(f"{m} / {baseline} per repetition (middle half)" for m in FLAGS.modes[1:])
+        + " | ".join(f"{m} / {baseline} per repetition, median (middle half)"
+                     for m in FLAGS.modes[1:])
         + " | collective ops per step |"
     )
     print(header)
@@ -153,7 +160,7 @@ def main(argv):
         cells = [f"{wall[m]:.3f}" for m in FLAGS.modes]
         cells += [f"{wall[m] / wall[baseline]:.2f}x" for m in FLAGS.modes[1:]]
         cells += [f"{cpu[m] / cpu[baseline]:.2f}x" for m in FLAGS.modes[1:]]
-        cells += [quartiles(paired[m]) for m in FLAGS.modes[1:]]
+        cells += [paired_summary(paired[m]) for m in FLAGS.modes[1:]]
         cells.append(", ".join(f"{m}: {n}" for m, n in collectives.items() if n) or "0")
         print(f"| {num_towers} | " + " | ".join(cells) + " |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")

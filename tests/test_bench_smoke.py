@@ -160,9 +160,10 @@ def test_bn_mode_benchmark_prints_every_mode_and_ratio():
     for mode in modes[1:]:
         for column in (f"{mode} / first_tower", f"{mode} / first_tower (CPU time)"):
             assert 0 < float(table[column].rstrip("x")) < 100
-        # Middle half of the paired ratios, 'q1-q3'.
-        low, high = (float(v) for v in
-                     table[f"{mode} / first_tower per repetition (middle half)"].split("-"))
-        assert 0 < low <= high
+        # The paired ratios' median and middle half, 'median (q1-q3)'.
+        median, low, high = (float(v) for v in re.fullmatch(
+            r"([\d.]+) \(([\d.]+)-([\d.]+)\)",
+            table[f"{mode} / first_tower per repetition, median (middle half)"]).groups())
+        assert 0 < low <= median <= high
     # Only the collective transport's graph has collective ops.
     assert re.fullmatch(r"sync/collective: [1-9]\d*", table["collective ops per step"])
