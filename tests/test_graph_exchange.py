@@ -117,9 +117,13 @@ def test_the_exchange_is_a_wall_for_autodiff_like_a_collective():
             return x * tf.reduce_sum(rows), lambda upstream: upstream
 
         x1 = tf.ones([2])
-        y1 = uses_the_rows(x1)
-        assert tf.gradients(tf.reduce_sum(y1), weight) == [None]
+        y1 = uses_the_rows(x1)  # raises TypeError if the wall is missing
         assert tf.gradients(tf.reduce_sum(y1), x1)[0] is not None
+
+        # And no gradient crosses the exchange itself.
+        reducer.gather_unordered(weight * 5.0, 0, name="more_rows")
+        rows = reducer.gather_unordered(tf.ones([2]), 1, name="more_rows")
+        assert tf.gradients(tf.reduce_sum(rows), weight) == [None]
 
 
 @pytest.mark.parametrize("prefix", ["", "/job:worker/replica:0/task:1"])
@@ -138,3 +142,23 @@ def test_gpu_towers_keep_nccl_collectives_unless_the_graph_transport_is_asked_fo
                 asked.sum(tf.ones([2]), i, name="bn1")
         (hub,) = hub_ops(graph)
     assert tf.DeviceSpec.from_string(hub.device) == tf.DeviceSpec.from_string(devices[0])
+
+
+def test_the_hub_keeps_the_job_and_task_an_enclosing_scope_gives_bare_devices():
+    """Bare tower devices under a worker's scope: the hub must not lose the
+    job and task (in a cluster it could land on another task)."""
+    with tf.Graph().as_default() as graph:
+        with tf.device("/job:worker/replica:0/task:1"):
+            reducer = CrossTowerReducer(cpu_devices(2))
+            for i in range(2):
+                with tf.device(f"/device:CPU:{i}"):
+                    reducer.sum(tf.ones([2]), i, name="bn1")
+        (hub,) = hub_ops(graph)
+    assert tf.DeviceSpec.from_string(hub.device) == tf.DeviceSpec.from_string(
+        "/job:worker/replica:0/task:1/device:CPU:0")
+
+
+def test_collective_only_arguments_are_refused_with_the_graph_transport():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="pass transport='collective' with it"):
+            CrossTowerReducer(cpu_devices(2), group_key=12345)

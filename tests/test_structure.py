@@ -211,7 +211,7 @@ def test_summary_tags_are_exact_even_when_op_names_collide():
 
 
 @pytest.mark.parametrize("transport,deadlines", [("collective", [120]), ("graph", [])])
-def test_run_training_with_sync_batch_norm_bounds_each_step(
+def test_run_training_bounds_each_step_only_when_sync_uses_collectives(
         tmp_path, monkeypatch, transport, deadlines):
     """run_training turns on the partial-fetch check and a step deadline for
     collectives; graph edges cannot wait for a missing tower and get none."""
@@ -222,6 +222,14 @@ def test_run_training_with_sync_batch_norm_bounds_each_step(
     monkeypatch.setattr(collective, "bounded_session_config",
                         lambda config, seconds: seen_configs.append(seconds)
                         or original(config, seconds))
+    fetch_checks = []
+
+    class CountedFetchCheck(collective.CollectiveFetchCheckHook):
+        def __init__(self):
+            super().__init__()
+            fetch_checks.append(self)
+
+    monkeypatch.setattr(collective, "CollectiveFetchCheckHook", CountedFetchCheck)
     with tf.Graph().as_default():
         train = build(2, bn_mode="sync", sync_transport=transport)
         step, loss = towerlib.run_training(
@@ -229,6 +237,7 @@ def test_run_training_with_sync_batch_norm_bounds_each_step(
             session_config=towerlib.session_config(2), collective_timeout_secs=120)
     assert step == 2 and np.isfinite(loss)
     assert seen_configs == deadlines
+    assert len(fetch_checks) == len(deadlines)
 
 
 def test_activity_regularization_in_the_tower_is_weighted_like_the_loss():

@@ -233,15 +233,17 @@ def test_per_tower_statistics_would_fail_the_same_comparison():
     assert max_abs_difference(got, want) > 1e-3
 
 
-@pytest.mark.parametrize("param_device", ["gpu", "cpu"])
-def test_sync_with_input_function_unequal_shards_and_param_device(param_device):
+@pytest.mark.parametrize("param_device,transport", [("gpu", "graph"), ("cpu", "collective")])
+def test_sync_with_input_function_unequal_shards_and_param_device(param_device, transport):
     data = batches(15, seed=5)
     want = train_reference(data, "momentum")
-    got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4])
+    got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4],
+                         transport=transport)
     assert max_abs_difference(got, want) <= 1e-5
 
 
-def test_an_empty_shard_weighs_nothing():
+@pytest.mark.parametrize("transport", ["graph", "collective"])
+def test_an_empty_shard_weighs_nothing(transport):
     """An input function may give a tower no examples: its count of 0 drops
     it from the statistics, and the rest train as one device would.
 
@@ -251,14 +253,16 @@ def test_an_empty_shard_weighs_nothing():
     """
     data = batches(10, seed=11)
     want = train_reference(data, "sgd", model=dense_model)
-    got = train_towerlib(data, 3, "sgd", shard_sizes=[6, 0, 4], model=dense_model)
+    got = train_towerlib(data, 3, "sgd", shard_sizes=[6, 0, 4], model=dense_model,
+                         transport=transport)
     assert max_abs_difference(got, want) <= 1e-5
 
 
-def test_sync_with_a_batch_size_known_only_at_run_time():
+@pytest.mark.parametrize("transport", ["graph", "collective"])
+def test_sync_with_a_batch_size_known_only_at_run_time(transport):
     data = batches(17, seed=9)  # 6 + 6 + 5 after the run-time split
     want = train_reference(data, "momentum")
-    got = train_towerlib(data, 3, "momentum", dynamic_batch=True)
+    got = train_towerlib(data, 3, "momentum", dynamic_batch=True, transport=transport)
     assert max_abs_difference(got, want) <= 1e-5
 
 
@@ -333,8 +337,9 @@ def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_si
     np.testing.assert_allclose(normalized, want_normalized, atol=1e-4)
 
 
+@pytest.mark.parametrize("transport", ["graph", "collective"])
 @pytest.mark.parametrize("dtype,axis", [("float16", -1), ("float32", 1)])
-def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
+def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis, transport):
     """float16 inputs get float32 statistics; NCHW (axis=1) reduces N, H, W."""
     rng = np.random.RandomState(1)
     shard_sizes = [3, 2]
@@ -343,7 +348,7 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
     starts = np.cumsum([0, *shard_sizes])
     channel_axis = axis % len(shape)
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(cpu_devices(2), transport=transport)
 
         def forward(_, ctx):
             shard = tf.constant(x[starts[ctx.index] : starts[ctx.index + 1]])
@@ -378,6 +383,7 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
     assert outputs[0].shape == (shard_sizes[0], *shape[1:])
 
 
+@pytest.mark.parametrize("transport", ["graph", "collective"])
 @pytest.mark.parametrize(
     "center,scale,axis,dtype",
     [
@@ -388,7 +394,8 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis):
         (True, True, -1, "float16"),
     ],
 )
-def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale, axis, dtype):
+def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(
+        center, scale, axis, dtype, transport):
     """Forward and every gradient of sync batch norm, in float64, against
     tf.nn.moments + tf.nn.batch_normalization on the whole batch.
 
@@ -414,7 +421,7 @@ def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(center, scale
     reduce_axes = [a for a in range(len(shape)) if a != channel_axis]
 
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(num_towers))
+        reducer = CrossTowerReducer(cpu_devices(num_towers), transport=transport)
         shards = [
             tf.constant(x[starts[t] : starts[t + 1]].astype(dtype)) for t in range(num_towers)
         ]
@@ -609,8 +616,10 @@ def test_running_one_towers_loss_ends_in_a_clear_error_within_a_bound():
 def test_through_the_graph_transport_one_towers_loss_runs_and_needs_no_check():
     """CPU towers exchange through graph edges by default: a run that fetches
     tower 0's loss runs tower 1's half too, so there is nothing to wait for."""
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as graph:
         train = build_sync_on_two_towers()
+        assert _exchange_ops(graph)  # statistics do cross between the towers
+        assert not [op for op in graph.get_operations() if op.type.startswith("Collective")]
         check_fetches(train.tower_losses[0])
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())

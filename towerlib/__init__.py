@@ -7,7 +7,7 @@
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(train.train_op)
 
-Cross-tower collectives (bn_mode="sync") are in towerlib.collective, several
+Cross-tower reductions (bn_mode="sync") are in towerlib.collective, several
 machines in towerlib.cluster.
 """
 

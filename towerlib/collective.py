@@ -100,7 +100,7 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 
 # Off NCCL, a sum whose gathered copies (num_towers x size) stay under this
 # many elements is computed as an all-gather plus a local sum: half the
-# sequential ring steps of an all-reduce (see CrossTowerReducer._sum_across).
+# sequential ring steps of an all-reduce (see _CollectiveChannel.sum).
 _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS = 1 << 16
 
 # Keys start far from 0 so that towerlib's collectives do not collide with
@@ -121,7 +121,8 @@ class CollectiveMismatchError(ValueError):
     """Towers of one reducer made different sequences of reductions.
 
     Raised while the graph is built: run, such a graph would wait forever (or
-    until the timeout) for a partner call that does not exist.
+    until the timeout) for a partner call that does not exist, or, through
+    the graph transport, fail for want of it.
     """
 
 
@@ -232,9 +233,11 @@ class CrossTowerReducer:
 
     Args:
       devices: one device string per tower, e.g. '/device:GPU:0' or
-        '/device:CPU:3'; tower i's collectives are placed on devices[i].
+        '/device:CPU:3'; tower i's collectives are placed on devices[i], the
+        graph transport's hub ops on devices[0].
       group_key: collective group key shared by these towers. None (the
-        default) allocates a key unique within the current graph.
+        default) allocates a key unique within the current graph. Only for
+        the 'collective' transport.
       timeout_seconds: None (default) or how long each collective op waits
         for the other towers before failing with DeadlineExceededError. Off
         by default because TF 2.21 implements it with one thread per op and
@@ -249,10 +252,10 @@ class CrossTowerReducer:
         'graph' (one hub op per reduction, fed by every tower through graph
         edges: towerlib.graph_exchange). None picks 'collective' when every
         device is a GPU, for NCCL, and 'graph' otherwise: on CPU devices it
-        is far cheaper than a collective ring and cannot hang. The other
-        arguments only concern the 'collective' transport.
+        is far cheaper than a collective ring and cannot hang. The
+        arguments above only concern the 'collective' transport.
 
-    With one device no collective is built: ``sum`` is the identity and
+    With one device nothing is exchanged: ``sum`` is the identity and
     ``gather`` adds a leading axis of size 1.
     """
 
@@ -287,6 +290,11 @@ class CrossTowerReducer:
                 f"transport must be one of {TRANSPORTS} (or None to choose by "
                 f"device type), got {transport!r}."
             )
+        if group_key is not None and transport != "collective":
+            raise ValueError(
+                "group_key is a collective group key, and this reducer uses the "
+                f"{transport!r} transport; pass transport='collective' with it."
+            )
         if communication_hint is None:
             communication_hint = "nccl" if all_gpus else "auto"
         if communication_hint not in ("auto", "ring", "nccl"):
@@ -297,8 +305,6 @@ class CrossTowerReducer:
         self._graph = tf.compat.v1.get_default_graph()
         self._keys = _allocator_for(self._graph)
         self._transport = transport
-        self._exchange = (graph_exchange.GraphExchange(devices)
-                          if transport == "graph" else None)
         if len(devices) > 1 and transport == "collective":
             if group_key is None:
                 group_key = self._keys.new_group_key()
@@ -309,6 +315,12 @@ class CrossTowerReducer:
         self._timeout_seconds = None if timeout_seconds is None else float(timeout_seconds)
         self._communication_hint = communication_hint
         self._ordered = (communication_hint == "nccl") if ordered is None else bool(ordered)
+        # What moves the values: both offer sum() and gather() per tower and key.
+        if transport == "graph":
+            self._channel = graph_exchange.GraphExchange(devices)
+        else:
+            self._channel = _CollectiveChannel(
+                devices, group_key, communication_hint, self._timeout_seconds, self._ordered)
 
         self._lock = threading.Lock()
         # Per tower, the forward calls and the backward calls, in creation order.
@@ -320,9 +332,6 @@ class CrossTowerReducer:
         # Instance keys: forward call k -> key; backward call k -> key.
         self._forward_keys: List[int] = []
         self._backward_keys: List[int] = []
-        # Per tower, the last collective op built, to chain the next one after it
-        # (when self._ordered).
-        self._last_collective = [None for _ in devices]
 
     @property
     def devices(self) -> List[str]:
@@ -374,7 +383,7 @@ class CrossTowerReducer:
 
         Args:
           tensors: a tensor or a list of tensors of one dtype; each must have the
-            same shape in every tower. A list goes through ONE collective (its
+            same shape in every tower. A list goes through ONE exchange (its
             tensors are flattened and concatenated), which is what keeps the
             cost per batch-norm layer to one round trip.
           tower_index: which tower is calling, 0 <= tower_index < num_towers.
@@ -388,8 +397,9 @@ class CrossTowerReducer:
             covers the call.
 
         Returns:
-          The same structure as `tensors`: each tensor summed over all towers,
-          placed on this tower's device. Differentiable: the gradient is the sum
+          The same structure as `tensors`: each tensor summed over all towers
+          (on this tower's device through collectives; through the graph
+          transport, the one hub's output, on devices[0]). Differentiable: the gradient is the sum
           of all towers' incoming gradients (exact data-parallel gradient).
         """
         return self._reduce("sum", tensors, tower_index, name, in_gradient, differentiable)
@@ -399,7 +409,7 @@ class CrossTowerReducer:
 
         Args:
           tensors: a tensor or a list of tensors of one dtype, with the same shape
-            in every tower (one collective for the whole list).
+            in every tower (one exchange for the whole list).
           tower_index: which tower is calling.
           name: names the call in errors and in the graph.
 
@@ -412,18 +422,23 @@ class CrossTowerReducer:
         Use it instead of ``sum`` when the combination must see each tower's
         value, e.g. combining per-tower means and variances without cancellation.
 
-        Row order. An all-gather stacks rows in the collective's rank order,
-        which TensorFlow chooses: sorted device names on CPU, an order that
-        follows the interconnect on GPUs. So each row travels with its tower
-        index and the rows are put back in tower order: a handful of small ops,
-        and on GPUs a trip to host memory for the permutation (TensorFlow's
-        InvertPermutation runs there). ``gather_unordered`` skips all that,
-        for combinations that do not care about the order.
+        Row order. The graph transport's hub stacks rows in tower order. An
+        all-gather stacks them in the collective's rank order, which
+        TensorFlow chooses: sorted device names on CPU, an order that follows
+        the interconnect on GPUs. So through collectives each row travels
+        with its tower index and the rows are put back in tower order: a
+        handful of small ops, and on GPUs a trip to host memory for the
+        permutation (TensorFlow's InvertPermutation runs there).
+        ``gather_unordered`` skips all that, for combinations that do not
+        care about the order.
         """
         return self._reduce("gather", tensors, tower_index, name)
 
     def gather_unordered(self, tensors, tower_index: int, name: Optional[str] = None):
-        """Like ``gather``, with rows in the collective's rank order.
+        """Like ``gather``, with rows in the transport's order.
+
+        That is the collective's rank order, or tower order through the graph
+        transport.
 
         The order is the same on every tower, so a combination computed from
         the rows (a sum over them, say) comes out bit for bit the same on
@@ -437,7 +452,7 @@ class CrossTowerReducer:
         """Raises CollectiveMismatchError unless all towers made the same calls.
 
         Call it once every tower has been built, including its gradients (the
-        backward collectives are built by tf.gradients and are checked too).
+        backward exchanges are built by tf.gradients and are checked too).
         Per-call shapes and dtypes are already checked as the calls are made;
         this adds the check only possible at the end: the number of calls.
         """
@@ -459,7 +474,8 @@ class CrossTowerReducer:
             + ", ".join(f"tower {t}: {n}" for t, n in enumerate(counts))
             + f". Tower {short_tower} never made reduction #{fewest} "
             f"({first_missing.describe()}, made by tower {long_tower}), so that "
-            "collective would wait for it forever (or until a deadline). Every tower must "
+            "reduction could never complete (a collective would wait for it until a "
+            "deadline). Every tower must "
             "call the synchronized layers (e.g. batch_norm with "
             "bn_mode='sync') the same number of times in the same order; do not "
             "make them depend on ctx.index or ctx.is_first."
@@ -512,8 +528,8 @@ class CrossTowerReducer:
                     raise CollectiveMismatchError(
                         f"Cross-tower {direction} reduction #{index} differs between "
                         f"towers: tower {ref_tower} made {ref.describe()} but tower "
-                        f"{tower_index} made {record.describe()}. Their collectives "
-                        "would be paired and fail or wait forever. Every tower must "
+                        f"{tower_index} made {record.describe()}. They would be "
+                        "paired and fail or wait forever. Every tower must "
                         "call the synchronized layers in the same order with the same "
                         "shapes (same layers, same channels)."
                     )
@@ -560,7 +576,7 @@ class CrossTowerReducer:
                     if differentiable:
                         reduced = self._differentiable_sum(packed, tower_index, instance_key, name)
                     else:
-                        reduced = self._sum_across(
+                        reduced = self._channel.sum(
                             packed, tower_index, instance_key,
                             name + "/backward" if in_gradient else name)
                     result = unpack(reduced, leading=[])
@@ -569,18 +585,93 @@ class CrossTowerReducer:
                     if kind == "gather":
                         gathered = self._gather_in_tower_order(row, tower_index, instance_key, name)
                     else:
-                        gathered = self._gather_across(row, tower_index, instance_key, name)
+                        gathered = self._channel.gather(row, tower_index, instance_key, name)
                     result = unpack(gathered, leading=[len(self._devices)])
         return result[0] if single else result
 
-    def _order_after(self, tower_index):
-        """Control inputs that keep this tower's collectives in creation order."""
-        previous = self._last_collective[tower_index]
-        if not self._ordered or previous is None:
-            return []
-        return [previous]
+    def _backward_key(self, kind, tower_index, name, grad):
+        record = _CallRecord(kind + "/backward", name, (_shape_tuple(grad),), grad.dtype.name)
+        index = self._record("backward", tower_index, record)
+        return self._backward_keys[index]
 
-    def _sum_across(self, tensor, tower_index, instance_key, name):
+    def _differentiable_sum(self, packed, tower_index, forward_key, name):
+        @tf.custom_gradient
+        def cross_tower_sum(x):
+            def grad(upstream):
+                key = self._backward_key("sum", tower_index, name, upstream)
+                return self._channel.sum(upstream, tower_index, key, name + "/backward")
+
+            return self._channel.sum(x, tower_index, forward_key, name), grad
+
+        return cross_tower_sum(packed)
+
+    def _gather_in_tower_order(self, row, tower_index, forward_key, name):
+        """[num_towers, K] with row t from tower t, whatever the ranks' order."""
+
+        if self._channel.rows_in_tower_order:
+            return self._gather_rows_in_order(row, tower_index, forward_key, name)
+        exact_up_to = _EXACT_INTEGERS.get(row.dtype.base_dtype)
+        if exact_up_to is not None and len(self._devices) > exact_up_to:
+            raise ValueError(
+                f"CrossTowerReducer.gather ({name}) tags each row with its tower "
+                f"index in the rows' dtype, and {row.dtype.name} holds integers "
+                f"exactly only up to {exact_up_to}; this reducer has "
+                f"{len(self._devices)} towers. Cast the tensors to float32 first."
+            )
+
+        @tf.custom_gradient
+        def cross_tower_gather(x):
+            tagged = tf.concat([tf.constant([[tower_index]], x.dtype), x], axis=1)
+            rows = self._channel.gather(tagged, tower_index, forward_key, name)
+            # Column 0 maps rank -> tower; its inverse says where tower t's row is.
+            rank_of_tower = tf.math.invert_permutation(tf.cast(rows[:, 0], tf.int32))
+            in_tower_order = tf.gather(rows[:, 1:], rank_of_tower)
+            return in_tower_order, self._gather_gradient(tower_index, name)
+
+        return cross_tower_gather(row)
+
+    def _gather_rows_in_order(self, row, tower_index, forward_key, name):
+        """The gather of a channel whose rows come in tower order already."""
+
+        @tf.custom_gradient
+        def cross_tower_gather(x):
+            rows = self._channel.gather(x, tower_index, forward_key, name)
+            return rows, self._gather_gradient(tower_index, name)
+
+        return cross_tower_gather(row)
+
+    def _gather_gradient(self, tower_index, name):
+        """Gradient of a gather for this tower: its row of the towers' sum."""
+
+        def grad(upstream):  # [num_towers, K] in tower order
+            key = self._backward_key("gather", tower_index, name, upstream)
+            total = self._channel.sum(upstream, tower_index, key, name + "/backward")
+            return total[tower_index : tower_index + 1]
+
+        return grad
+
+
+class _CollectiveChannel:
+    """Moves a reducer's values with collective ops, one per tower and call.
+
+    Each op runs on its tower's device, all with the reducer's group key and
+    the call's instance key. Rows of a gather come in the collective's rank
+    order (see CrossTowerReducer.gather).
+    """
+
+    rows_in_tower_order = False
+
+    def __init__(self, devices, group_key, communication_hint, timeout_seconds, ordered):
+        self._devices = devices
+        self._group_key = group_key
+        self._communication_hint = communication_hint
+        self._timeout_seconds = timeout_seconds
+        self._ordered = ordered
+        # Per tower, the last collective op built, to chain the next one after
+        # it (when ordered).
+        self._last_collective = [None for _ in devices]
+
+    def sum(self, tensor, tower_index, instance_key, name):
         """Sum over towers of `tensor` ([K]), by one collective on this tower.
 
         A ring all-reduce takes 2 (T - 1) steps one after the other; a ring
@@ -590,20 +681,17 @@ class CrossTowerReducer:
         locally, in the collective's rank order, which is the same on every
         tower: so is every bit of the sum.
         """
-        if self._exchange is not None:
-            return self._exchange.sum(tensor, tower_index, instance_key, name)
         size = tensor.shape.num_elements()
         if (
             self._communication_hint != "nccl"
             and size is not None
             and size * len(self._devices) <= _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS
         ):
-            gathered = self._gather_across(tensor[tf.newaxis], tower_index, instance_key, name)
+            gathered = self.gather(tensor[tf.newaxis], tower_index, instance_key, name)
             with tf.device(self._devices[tower_index]):
                 return tf.reduce_sum(gathered, axis=0)
         with tf.device(self._devices[tower_index]):
-            deps = self._order_after(tower_index)
-            with tf.control_dependencies(deps):
+            with tf.control_dependencies(self._order_after(tower_index)):
                 out = collective_ops.all_reduce(
                     tensor,
                     len(self._devices),
@@ -617,17 +705,11 @@ class CrossTowerReducer:
         self._last_collective[tower_index] = out.op
         return out
 
-    def _gather_across(self, tensor, tower_index, instance_key, name):
-        """One all-gather op (along axis 0) on this tower's device.
-
-        Rows come in the collective's rank order; through the graph
-        transport, in tower order.
-        """
-        if self._exchange is not None:
-            return self._exchange.gather(tensor, tower_index, instance_key, name)
+    def gather(self, tensor, tower_index, instance_key, name):
+        """One all-gather op (along axis 0) on this tower's device."""
+        del name  # the caller's name scope names the op
         with tf.device(self._devices[tower_index]):
-            deps = self._order_after(tower_index)
-            with tf.control_dependencies(deps):
+            with tf.control_dependencies(self._order_after(tower_index)):
                 out = collective_ops.all_gather(
                     tensor,
                     len(self._devices),
@@ -640,51 +722,12 @@ class CrossTowerReducer:
         out.set_shape([len(self._devices)] + tensor.shape.as_list()[1:])
         return out
 
-    def _backward_key(self, kind, tower_index, name, grad):
-        record = _CallRecord(kind + "/backward", name, (_shape_tuple(grad),), grad.dtype.name)
-        index = self._record("backward", tower_index, record)
-        return self._backward_keys[index]
-
-    def _differentiable_sum(self, packed, tower_index, forward_key, name):
-        @tf.custom_gradient
-        def cross_tower_sum(x):
-            def grad(upstream):
-                key = self._backward_key("sum", tower_index, name, upstream)
-                return self._sum_across(upstream, tower_index, key, name + "/backward")
-
-            return self._sum_across(x, tower_index, forward_key, name), grad
-
-        return cross_tower_sum(packed)
-
-    def _gather_in_tower_order(self, row, tower_index, forward_key, name):
-        """[num_towers, K] with row t from tower t, whatever the ranks' order."""
-
-        exact_up_to = _EXACT_INTEGERS.get(row.dtype.base_dtype)
-        if self._exchange is None and exact_up_to is not None and len(self._devices) > exact_up_to:
-            raise ValueError(
-                f"CrossTowerReducer.gather ({name}) tags each row with its tower "
-                f"index in the rows' dtype, and {row.dtype.name} holds integers "
-                f"exactly only up to {exact_up_to}; this reducer has "
-                f"{len(self._devices)} towers. Cast the tensors to float32 first."
-            )
-
-        @tf.custom_gradient
-        def cross_tower_gather(x):
-            if self._exchange is not None:  # rows are in tower order already
-                return self._gather_across(x, tower_index, forward_key, name), grad
-            tagged = tf.concat([tf.constant([[tower_index]], x.dtype), x], axis=1)
-            rows = self._gather_across(tagged, tower_index, forward_key, name)
-            # Column 0 maps rank -> tower; its inverse says where tower t's row is.
-            rank_of_tower = tf.math.invert_permutation(tf.cast(rows[:, 0], tf.int32))
-            in_tower_order = tf.gather(rows[:, 1:], rank_of_tower)
-            return in_tower_order, grad
-
-        def grad(upstream):  # [num_towers, K] in tower order
-            key = self._backward_key("gather", tower_index, name, upstream)
-            total = self._sum_across(upstream, tower_index, key, name + "/backward")
-            return total[tower_index : tower_index + 1]
-
-        return cross_tower_gather(row)
+    def _order_after(self, tower_index):
+        """Control inputs that keep this tower's collectives in creation order."""
+        previous = self._last_collective[tower_index]
+        if not self._ordered or previous is None:
+            return []
+        return [previous]
 
 
 def _pack(flat):

@@ -12,17 +12,23 @@ tensor into its own slot when it makes the same call (``Operation._update_input`
 the mechanism TensorFlow's own graph-mode while_loop uses for its back edges).
 A slot still holding its placeholder at run time fails with TensorFlow's
 "must feed a value for placeholder" error naming the tower; the reducer's
-``check_consistent`` reports the same mistake at build time.
+``check_consistent`` reports the same mistake at build time. The filled-in
+placeholders stay in the graph, unconnected (T - 1 per exchange).
 
-Why it exists: on CPU devices, an exchange through graph edges is a pointer
-handed from one executor to another, while a collective op is a ring of
-thread hand-offs. Measured on 8 virtual CPU devices of a 2-core machine: 42
-chained 8-way exchanges of 193 floats took 15 ms of wall time as all-gathers
-and 0.1 ms through graph edges. A graph edge cannot hang either: a run that
+Filling a slot is a graph mutation: a Session that has already run the
+graph refuses to run it afterwards. Build every tower, and its gradients,
+before running anything, as build_train_graph does.
+
+Why it exists: on CPU devices, an exchange through graph edges is a tensor
+handed from one device's executor to another in the same process, while a collective op is a ring of
+thread hand-offs. Measured on 8 virtual CPU devices of a 2-core machine, with
+nothing else in the graph: 42 chained 8-way exchanges of 193 floats took
+15 ms of wall time as all-gathers and 0.1 ms through graph edges. A graph edge cannot hang either: a run that
 needs one tower's half of an exchange runs the other towers' halves too.
 Between GPUs, collectives (NCCL) stay the default.
 """
 
+import dataclasses
 from typing import Dict, List, Sequence
 
 import tensorflow as tf
@@ -30,14 +36,14 @@ import tensorflow as tf
 __all__ = ["GraphExchange"]
 
 
+@dataclasses.dataclass
 class _Hub:
-    """One exchange: its op, and which tower slots still hold placeholders."""
+    """One exchange: its op, what towers read, and the slots still empty."""
 
-    def __init__(self, op: tf.Operation, output, kind: str, waiting: List[bool]):
-        self.op = op
-        self.output = output
-        self.kind = kind
-        self.waiting = waiting
+    op: tf.Operation  # ConcatV2 or AddN; input t is tower t's tensor
+    output: tf.Tensor  # the op's output behind a StopGradient
+    kind: str  # 'gather' or 'sum'
+    waiting: List[bool]  # per tower: does its slot still hold a placeholder?
 
 
 class GraphExchange:
@@ -50,6 +56,8 @@ class GraphExchange:
     call (the reducer's instance keys). Tensors must be packed rank-1 vectors
     (sum) or [1, K] rows (gather), of the same dtype and shape in every tower.
     """
+
+    rows_in_tower_order = True  # a gather's row t is tower t's
 
     def __init__(self, devices: Sequence[str]):
         self._devices = list(devices)
@@ -83,6 +91,13 @@ class GraphExchange:
         if self._scope is None:  # one top-level scope for the build's hubs
             with graph.name_scope(None):
                 self._scope = graph.unique_name("cross_tower_exchange") + "/"
+        # Clearing the colocation below clears the device scopes too. The
+        # calling tower's op shows where it runs, including any job and task
+        # an enclosing scope added to bare device strings; the hub takes the
+        # same, with the first tower's device.
+        where = tf.DeviceSpec.from_string(tensor.op.device or "")
+        hub_device = where.make_merged_spec(
+            tf.DeviceSpec.from_string(self._devices[0])).to_string()
         slots = []
         # A clean context: the hub must not inherit the creating tower's
         # control dependencies or the colocation tf.gradients sets up.
@@ -96,7 +111,7 @@ class GraphExchange:
                     with tf.device(device):
                         slots.append(tf.compat.v1.placeholder(
                             tensor.dtype, tensor.shape, name=f"awaiting_tower_{t}"))
-                with tf.device(self._devices[0]):
+                with tf.device(hub_device):
                     if kind == "gather":
                         combined = tf.raw_ops.ConcatV2(values=slots, axis=0, name="gather")
                     else:
@@ -112,5 +127,6 @@ class GraphExchange:
 
 def _clean(name: str) -> str:
     """`name` as a relative name scope (a layer name like 'block1/bn' nests)."""
-    cleaned = "".join(c if c.isalnum() or c in "._-/" else "_" for c in name).strip("/")
+    cleaned = "".join(c if (c.isascii() and c.isalnum()) or c in "._-/" else "_"
+                      for c in name).strip("/")
     return cleaned or "exchange"

@@ -7,8 +7,8 @@ In training a layer normalizes with batch statistics:
 
 All modes train through one implementation (`_training_batch_norm`): a
 robust two-pass variance, outputs formed from small differences, and the
-backward written out. 'sync' adds one collective per layer in each
-direction; the modes differ in nothing else, so their costs compare fairly.
+backward written out. 'sync' adds one cross-tower exchange per layer in
+each direction; the modes differ in nothing else, so their costs compare fairly.
 
 The moving statistics used for inference are not updated by each tower.
 Every tower records its (count, mean, variance) in the build's
@@ -33,9 +33,9 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
 
     synchronized=False (bn_mode 'first_tower' and 'all_towers', or one tower):
     the statistics of this tower's shard, as below with one tower and no
-    collective. synchronized=True ('sync'): those of the whole global batch.
+    exchange. synchronized=True ('sync'): those of the whole global batch.
 
-    Each tower summarizes its shard, ONE all-gather across the towers (through
+    Each tower summarizes its shard, ONE gather across the towers (through
     ctx.cross_tower, a towerlib.collective.CrossTowerReducer) hands every
     tower all the summaries, and each tower combines them identically with
     Chan's parallel formula around a common pivot P:
@@ -74,14 +74,14 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
 
     where g is this tower's upstream gradient, x_hat = (x - mean) / sqrt(var
     + eps), and the two sums run over the whole global batch: each tower
-    sums its shard, and one collective adds up the towers' 2C sums. Since
+    sums its shard, and one cross-tower sum adds up the towers' 2C sums. Since
     every tower differentiates its own weighted loss, that is exactly the
     gradient of the global objective. gamma and beta get this tower's own
     sum(g * x_hat) and sum(g), which towerlib adds up over towers as for any
     variable. Writing it out costs far fewer ops than differentiating the
     combination and the normalization op by op.
 
-    Cost: one collective per layer and direction: forward, a gather of
+    Cost: one exchange per layer and direction: forward, a gather of
     num_towers x (3C + 1) floats (one round trip less than all-reducing first
     the sums, then the squared deviations from the resulting mean); backward,
     a sum of 2C floats.
@@ -151,7 +151,7 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
         def global_statistics(hi, lo, m2):
             """(total, mean, variance, mean - hi) of the whole global batch.
 
-            One all-gather of every tower's (count, hi, lo, M2), combined
+            One gather of every tower's (count, hi, lo, M2), combined
             with Chan's formula around the pivot P (see above).
             """
             # Rows in rank order (any order: the combination is symmetric).

@@ -76,6 +76,15 @@ def _check_ema_decay(ema_decay):
         raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay}.")
 
 
+def _check_sync_transport(sync_transport):
+    # Checked whatever the mode and tower count, so a typo shows at once and
+    # not on the day the same code first runs bn_mode='sync' on two towers.
+    if sync_transport is not None and sync_transport not in collective.TRANSPORTS:
+        raise ValueError(
+            f"sync_transport must be one of {collective.TRANSPORTS}, or None to "
+            f"choose by device type, got {sync_transport!r}.")
+
+
 def _global_step_for(global_step, param_device, devices):
     if global_step is not None:
         return global_step
@@ -87,7 +96,7 @@ def _global_step_for(global_step, param_device, devices):
 
 
 def _make_cross_tower_reducer(bn_mode, devices, timeout_seconds, transport):
-    """The reducer sync batch norm all-reduces through; None for other modes."""
+    """The reducer sync batch norm exchanges statistics through; None for other modes."""
     if bn_mode != "sync" or len(devices) == 1:
         return None
     return collective.CrossTowerReducer(
@@ -165,9 +174,9 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         created (all trainable variables when they created none).
       summaries: add 'loss', 'total_loss', 'regularization_loss',
         'learning_rate' and the merged tower scalars to the SUMMARIES collection.
-      sync_timeout_seconds: with bn_mode='sync', an optional per-op timeout of
-        the cross-tower collectives (None: none; costly, see
-        towerlib.collective.CrossTowerReducer). Towers that would make
+      sync_timeout_seconds: with bn_mode='sync' through collectives, an
+        optional per-op timeout of the cross-tower collectives (None: none;
+        costly, see towerlib.collective.CrossTowerReducer). Towers that would make
         different collectives fail at build time; bound runs with
         towerlib.collective.bounded_session_config and check_fetches.
       sync_transport: with bn_mode='sync', how the towers exchange
@@ -179,6 +188,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
       A TrainGraph.
     """
     check_bn_mode(bn_mode)
+    _check_sync_transport(sync_transport)
     _check_optimizer(optimizer)
     _check_ema_decay(ema_decay)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
@@ -195,7 +205,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         param_device=param_device, records=records, cross_tower=cross_tower)
     if cross_tower is not None:
         # A tower that made fewer synchronized calls fails here, at build time,
-        # not as a collective waiting for it at run time.
+        # not as an exchange waiting for it at run time.
         cross_tower.check_consistent()
 
     if var_list is None:
@@ -224,7 +234,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                 objective, var_list=var_list, colocate_gradients_with_ops=True))
 
     if cross_tower is not None:
-        cross_tower.check_consistent()  # the backward collectives, too
+        cross_tower.check_consistent()  # the backward exchanges, too
     grads_and_vars = gradients_lib.aggregate_gradients(tower_grads_and_vars)
     update_ops = _chosen_update_ops(towers, records, bn_mode)
     with tf.control_dependencies(update_ops):

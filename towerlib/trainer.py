@@ -165,10 +165,13 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       max_checkpoints_to_keep: how many of the newest checkpoints to keep.
       stop_on_signals: signals that stop training cleanly with a final
         checkpoint (default SIGINT and SIGTERM); () to leave signals alone.
-      collective_timeout_secs: with bn_mode='sync', the deadline of one step
-        (unless session_config sets operation_timeout_in_ms), so that a
-        collective left waiting for a tower ends in a CollectiveTimeoutError
-        instead of a hang; keep it above the slowest legitimate step.
+      collective_timeout_secs: when the graph has towerlib's collectives
+        (bn_mode='sync' through the 'collective' transport, the default on
+        GPUs), the deadline of one step (unless session_config sets
+        operation_timeout_in_ms), so that a collective left waiting for a
+        tower ends in a CollectiveTimeoutError instead of a hang; keep it
+        above the slowest legitimate step. The 'graph' transport cannot
+        wait for a tower and gets no deadline.
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
