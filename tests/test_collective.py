@@ -133,7 +133,8 @@ def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_dev
 def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, ordered=ordered, transport="collective")
+        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, ordered=ordered,
+                                    transport="collective")
         for i in range(2):
             x = tf.ones([3])
             y = reducer.sum(x, i, name="first")
@@ -435,7 +436,8 @@ def test_gather_and_gather_unordered_do_not_pair_with_each_other():
 
 def test_gather_refuses_more_towers_than_its_dtype_can_tag():
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer([f"/device:CPU:{i}" for i in range(257)], transport="collective")
+        reducer = CrossTowerReducer([f"/device:CPU:{i}" for i in range(257)],
+                                    transport="collective")
         with pytest.raises(ValueError, match="bfloat16 holds integers exactly only up to 256"):
             reducer.gather(tf.ones([3], tf.bfloat16), 0, name="rows")
         reducer.gather(tf.ones([3], tf.float16), 0, name="ok")  # 257 <= 2048

@@ -20,10 +20,11 @@ graph refuses to run it afterwards. Build every tower, and its gradients,
 before running anything, as build_train_graph does.
 
 Why it exists: on CPU devices, an exchange through graph edges is a tensor
-handed from one device's executor to another in the same process, while a collective op is a ring of
-thread hand-offs. Measured on 8 virtual CPU devices of a 2-core machine, with
-nothing else in the graph: 42 chained 8-way exchanges of 193 floats took
-15 ms of wall time as all-gathers and 0.1 ms through graph edges. A graph edge cannot hang either: a run that
+handed from one device's executor to another in the same process, while a
+collective op is a ring of thread hand-offs. Measured on 8 virtual CPU
+devices of a 2-core machine, with nothing else in the graph: 42 chained
+8-way exchanges of 193 floats took 15 ms of wall time as all-gathers and
+0.1 ms through graph edges. A graph edge cannot hang either: a run that
 needs one tower's half of an exchange runs the other towers' halves too.
 Between GPUs, collectives (NCCL) stay the default.
 """
