@@ -232,8 +232,8 @@ def test_train_script_prints_one_clear_error(tmp_path, args, expected):
 
 
 def test_main_job_trains_with_sync_batch_norm(tmp_path):
-    """bn_mode=sync end to end through run_training (fetch check, step
-    deadline), evaluation and export, on 2 CPU towers."""
+    """bn_mode=sync end to end through run_training, evaluation and export,
+    on 2 CPU towers (the graph transport)."""
     config = short_run_config(str(tmp_path), bn_mode="sync", log_every_n_steps=60)
     figures = main.run(config)
     assert figures["global_step"] == SHORT_RUN_STEPS
