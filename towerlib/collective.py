@@ -399,8 +399,9 @@ class CrossTowerReducer:
         Returns:
           The same structure as `tensors`: each tensor summed over all towers
           (on this tower's device through collectives; through the graph
-          transport, the one hub's output, on devices[0]). Differentiable: the gradient is the sum
-          of all towers' incoming gradients (exact data-parallel gradient).
+          transport, the one hub's output, on devices[0]). Differentiable:
+          the gradient is the sum of all towers' incoming gradients (exact
+          data-parallel gradient).
         """
         return self._reduce("sum", tensors, tower_index, name, in_gradient, differentiable)
 
