@@ -56,6 +56,7 @@ def test_resnet_depth_must_be_6n_plus_2(tmp_path):
     "overrides, flag",
     [
         (dict(bn_mode="every_tower"), "--bn_mode"),
+        (dict(sync_transport="nccl"), "--sync_transport=.nccl.: choose collective or graph"),
         (dict(optimizer="adam"), "--optimizer"),
         (dict(param_device="tpu"), "--param_device"),
         (dict(ema_decay=1.5), "--ema_decay"),

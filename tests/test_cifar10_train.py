@@ -214,6 +214,7 @@ def test_eval_of_a_folder_without_a_run_is_a_clear_error(tmp_path):
             "--global_batch_size=2 cannot be split over 4 towers",
         ),
         (["--data_dir={missing}"], "does not exist"),
+        (["--sync_transport=nccl"], "--sync_transport='nccl': choose collective or graph"),
     ],
 )
 def test_train_script_prints_one_clear_error(tmp_path, args, expected):

@@ -40,6 +40,7 @@ class TrainConfig:
     device_type: Optional[str] = None  # None: GPUs when present, else CPUs
     global_batch_size: int = 128
     bn_mode: str = "first_tower"
+    sync_transport: Optional[str] = None  # None: NCCL collectives on GPUs, else graph
     bn_momentum: float = 0.99
     param_device: str = "cpu"
     optimizer: str = "momentum"
@@ -108,6 +109,12 @@ def check(config: TrainConfig) -> List[str]:
         raise ConfigError(
             "--bn_mode=%r: choose one of %s."
             % (config.bn_mode, ", ".join(towerlib.BN_MODES))
+        )
+    if config.sync_transport not in (None,) + towerlib.collective.TRANSPORTS:
+        raise ConfigError(
+            "--sync_transport=%r: choose %s, or leave it empty for the default "
+            "(collective on GPUs, graph otherwise)."
+            % (config.sync_transport, " or ".join(towerlib.collective.TRANSPORTS))
         )
     if config.param_device not in ("cpu", "gpu"):
         raise ConfigError(

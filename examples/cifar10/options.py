@@ -103,6 +103,13 @@ def define_train_flags():
         "all_towers (from the whole global batch), sync (also normalize with it).",
     )
     _define(
+        flags.DEFINE_string,
+        "sync_transport",
+        d.sync_transport or "",
+        "With --bn_mode=sync, how towers exchange statistics: graph or collective. "
+        "Empty: collective (NCCL) when every tower is a GPU, graph otherwise.",
+    )
+    _define(
         flags.DEFINE_float,
         "bn_momentum",
         d.bn_momentum,
@@ -301,6 +308,7 @@ def train_config_from_flags() -> config_lib.TrainConfig:
         device_type=FLAGS.device_type or None,
         global_batch_size=FLAGS.global_batch_size,
         bn_mode=FLAGS.bn_mode,
+        sync_transport=FLAGS.sync_transport or None,
         bn_momentum=FLAGS.bn_momentum,
         param_device=FLAGS.param_device,
         optimizer=FLAGS.optimizer,

@@ -195,6 +195,7 @@ def build_training(plan: TrainPlan):
         optimizer,
         devices=plan.devices,
         bn_mode=config.bn_mode,
+        sync_transport=config.sync_transport,
         param_device=config.param_device,
         global_step=global_step,
         ema_decay=config.ema_decay,
