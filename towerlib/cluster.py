@@ -554,7 +554,7 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             global_step = tf.compat.v1.train.get_or_create_global_step()
         ema = None
         if ema_decay is not None:
-            train_graph_lib._check_ema_decay(ema_decay)  # pylint: disable=protected-access
+            train_graph_lib.check_ema_decay(ema_decay)
             ema = tf.compat.v1.train.ExponentialMovingAverage(
                 ema_decay, num_updates=global_step)
         sync_optimizer = SyncReplicasTowerOptimizer(

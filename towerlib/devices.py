@@ -155,3 +155,13 @@ def tower_device_function(tower_device, placer):
         return tower_spec.make_merged_spec(requested).to_string()
 
     return choose
+
+
+def host_cpu(device):
+    """The CPU of the machine (job/task) that `device` belongs to.
+
+    '/job:worker/task:1/device:GPU:3' -> '/job:worker/task:1/device:CPU:0':
+    input pipelines, the global step and host-side reductions go there.
+    """
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.replace(device_type="CPU", device_index=0).to_string()

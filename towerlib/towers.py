@@ -110,12 +110,6 @@ def _global_variable_set():
     return set(tf.compat.v1.global_variables()) | set(tf.compat.v1.local_variables())
 
 
-def _host_cpu(device):
-    """The CPU of the machine (job/task) that `device` belongs to."""
-    spec = tf.DeviceSpec.from_string(device)
-    return spec.replace(device_type="CPU", device_index=0).to_string()
-
-
 def resolve_devices(num_towers=None, devices=None, device_type=None):
     """The tower device list from a count, an explicit list, or the machine."""
     if devices is None:
@@ -169,7 +163,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
     per_tower_input_fn = inputs if callable(inputs) else None
     if per_tower_input_fn is None:
         shards, sizes = inputs_lib.split_global_batch(
-            inputs, num_towers, host_device=_host_cpu(devices[0]))
+            inputs, num_towers, host_device=devices_lib.host_cpu(devices[0]))
 
     towers = []
     outer_scope = tf.compat.v1.get_variable_scope()
@@ -188,7 +182,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                     name_scope=name_scope, records=records,
                     cross_tower=cross_tower)
                 if per_tower_input_fn is not None:
-                    with tf.device(_host_cpu(device)), tf.name_scope("input"):
+                    with tf.device(devices_lib.host_cpu(device)), tf.name_scope("input"):
                         tower_inputs = per_tower_input_fn(ctx)
                         batch_size = inputs_lib.leading_batch_size(tower_inputs)
                 else:

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from towerlib import collective
+from towerlib import devices as devices_lib
 from towerlib import normalization
 from towerlib import gradients as gradients_lib
 from towerlib import summaries as summaries_lib
@@ -71,7 +72,8 @@ def _check_optimizer(optimizer):
             "Keras optimizers do not run in graph-mode towers.")
 
 
-def _check_ema_decay(ema_decay):
+def check_ema_decay(ema_decay):
+    """Refuses a decay outside (0, 1); None means no moving average."""
     if ema_decay is not None and not 0.0 < ema_decay < 1.0:
         raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay}.")
 
@@ -91,7 +93,7 @@ def _global_step_for(global_step, param_device, devices):
     if callable(param_device):
         with tf.compat.v1.device(param_device):
             return tf.compat.v1.train.get_or_create_global_step()
-    with tf.device(towers_lib._host_cpu(devices[0])):
+    with tf.device(devices_lib.host_cpu(devices[0])):
         return tf.compat.v1.train.get_or_create_global_step()
 
 
@@ -190,7 +192,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     check_bn_mode(bn_mode)
     _check_sync_transport(sync_transport)
     _check_optimizer(optimizer)
-    _check_ema_decay(ema_decay)
+    check_ema_decay(ema_decay)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
     global_step = _global_step_for(global_step, param_device, devices)
 
@@ -218,7 +220,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     shares = _tower_shares(towers)
     shared_terms, tower_terms = _split_regularization(
         _new_regularization_losses(regularization_before), towers)
-    host = towers_lib._host_cpu(devices[0])
+    host = devices_lib.host_cpu(devices[0])
 
     tower_grads_and_vars = []
     weighted_tower_regularization = []
@@ -281,7 +283,7 @@ def ema_restore_map(ema_decay, var_list=None):
     Non-trainable variables (batch-norm moving statistics, global_step)
     restore as themselves.
     """
-    _check_ema_decay(ema_decay)
+    check_ema_decay(ema_decay)
     ema = tf.compat.v1.train.ExponentialMovingAverage(ema_decay)
     if var_list is None:
         var_list = tf.compat.v1.trainable_variables()
