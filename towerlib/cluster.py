@@ -46,6 +46,7 @@ import tensorflow as tf
 from towerlib import devices as devices_lib
 from towerlib import train_graph as train_graph_lib
 from towerlib import trainer as trainer_lib
+from towerlib.internals import sync_replicas as sync_internals
 
 logger = logging.getLogger("towerlib")
 
@@ -402,19 +403,21 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
                          variables_to_average=[] if variable_averages else None)
         self.num_replicas = num_replicas
         self.is_chief = is_chief
+        self.variable_averages = variable_averages
         self.replica_step_op = None
         self.aggregation_op = None
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         grads_and_vars = list(grads_and_vars)
         caller_dependencies = tf.no_op(name="caller_control_dependencies").control_inputs
-        if self._variable_averages is not None:
-            self._variables_to_average = [v for g, v in grads_and_vars if g is not None]
+        if self.variable_averages is not None:
+            sync_internals.set_variables_to_average(
+                self, [v for g, v in grads_and_vars if g is not None])
         with tf.control_dependencies(None):
             self.replica_step_op = super().apply_gradients(grads_and_vars, global_step, name)
-            self.aggregation_op = self.get_chief_queue_runner().enqueue_ops[0]
+            self.aggregation_op = sync_internals.chief_aggregation_op(self)
         # Run by SyncReplicasInitHook; marked so graphs built but never run stay quiet.
-        getattr(self.ready_for_local_init_op, "mark_used", lambda: None)()
+        sync_internals.mark_ready_for_local_init_op_used(self)
         parts = [self.replica_step_op]
         if self.is_chief:
             parts.append(self.aggregation_op)
@@ -449,7 +452,7 @@ class SyncReplicasInitHook(tf.compat.v1.train.SessionRunHook):
         self._is_chief = is_chief
 
     def begin(self):
-        if not self._sync_optimizer._gradients_applied:  # pylint: disable=protected-access
+        if not sync_internals.gradients_applied(self._sync_optimizer):
             raise ValueError("Build the train op (apply_gradients) before creating "
                              "the session.")
         self._local_init_op = (self._sync_optimizer.chief_init_op if self._is_chief
