@@ -1,0 +1,55 @@
+"""Training one model on several machines, synchronously, over TensorFlow's gRPC runtime.
+
+Parameter-server tasks ('ps') hold the variables; every other task is a
+replica ('worker', or 'chief' from TF_CONFIG) that runs its towers as on one
+machine. Each global step the chief applies the mean of the R replicas'
+gradients once: the step one machine would take with every tower
+(docs/distributed.md). Which task a process is:
+
+    >>> from towerlib import cluster as cluster_lib
+    >>> cluster = cluster_lib.cluster_from_flags(
+    ...     ps_hosts="127.0.0.1:2222", worker_hosts="127.0.0.1:2223,127.0.0.1:2224",
+    ...     job_name="worker", task_index=1)
+    >>> cluster.num_replicas, cluster.replica_index, cluster.is_chief
+    (2, 1, False)
+
+Then a ps task runs `run_parameter_server(cluster)`, which returns once every
+replica is done, and each replica runs
+
+    server = cluster_lib.start_server(cluster, num_towers)
+    placer = cluster_lib.ParameterServerPlacer(cluster)
+    with tf.compat.v1.device(placer):
+        inputs = my_input(shard=cluster.replica_index, num_shards=cluster.num_replicas)
+    sync_graph = cluster_lib.build_sync_train_graph(
+        model, inputs, optimizer, cluster, num_towers=num_towers, device_function=placer)
+    cluster_lib.run_distributed_training(sync_graph, server, train_dir=..., max_steps=...)
+
+Modules: `spec` says which cluster and which task, `placement` where ops and
+variables go, `sync_replicas` builds the synchronous step, `runtime` runs it
+to a clean end on every task.
+"""
+
+from towerlib.cluster.spec import (
+    CHIEF_JOB,
+    KNOWN_JOBS,
+    PS_JOB,
+    WORKER_JOB,
+    ClusterInfo,
+    ControlSession,
+    ParameterServerPlacer,
+    SyncReplicasInitHook,
+    SyncReplicasTowerOptimizer,
+    SyncTrainGraph,
+    build_sync_train_graph,
+    check_bn_mode_for_cluster,
+    cluster_from_flags,
+    cluster_from_tf_config,
+    parse_host_list,
+    resolve_cluster,
+    run_distributed_training,
+    run_parameter_server,
+    session_config,
+    start_server,
+    tower_devices,
+    wait_for_ps_tasks,
+)
