@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import towerlib
 from tests.fault_scripts import tiny_model
-from towerlib import checkpoints
+from towerlib import checkpoints, durable_files
 
 
 class Model:
@@ -58,8 +58,8 @@ def _weights(prefix):
 def test_writer_publishes_the_index_last_and_the_state_after_it(model, tmp_path, monkeypatch):
     train_dir = str(tmp_path)
     renames = []
-    original = checkpoints._rename
-    monkeypatch.setattr(checkpoints, "_rename",
+    original = durable_files.rename
+    monkeypatch.setattr(durable_files, "rename",
                         lambda s, t: (renames.append(os.path.basename(t)), original(s, t)))
     model.save_steps(train_dir, [7])
     assert renames[-2:] == ["model.ckpt-7.index", "checkpoint"]

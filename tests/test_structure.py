@@ -215,21 +215,22 @@ def test_run_training_bounds_each_step_only_when_sync_uses_collectives(
         tmp_path, monkeypatch, transport, deadlines):
     """run_training turns on the partial-fetch check and a step deadline for
     collectives; graph edges cannot wait for a missing tower and get none."""
-    from towerlib import collective
+    from towerlib import hooks
+    from towerlib.exchange import safety
 
     seen_configs = []
-    original = collective.bounded_session_config
-    monkeypatch.setattr(collective, "bounded_session_config",
+    original = safety.bounded_session_config
+    monkeypatch.setattr(safety, "bounded_session_config",
                         lambda config, seconds: seen_configs.append(seconds)
                         or original(config, seconds))
     fetch_checks = []
 
-    class CountedFetchCheck(collective.CollectiveFetchCheckHook):
+    class CountedFetchCheck(hooks.CollectiveFetchCheckHook):
         def __init__(self):
             super().__init__()
             fetch_checks.append(self)
 
-    monkeypatch.setattr(collective, "CollectiveFetchCheckHook", CountedFetchCheck)
+    monkeypatch.setattr(hooks, "CollectiveFetchCheckHook", CountedFetchCheck)
     with tf.Graph().as_default():
         train = build(2, bn_mode="sync", sync_transport=transport)
         step, loss = towerlib.run_training(

@@ -7,11 +7,11 @@
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(train.train_op)
 
-Cross-tower reductions (bn_mode="sync") are in towerlib.collective, several
-machines in towerlib.cluster.
+Cross-tower reductions (bn_mode="sync") are in towerlib.exchange, the
+training loop's hooks in towerlib.hooks, several machines in towerlib.cluster.
 """
 
-from towerlib import cluster, collective, layers
+from towerlib import cluster, collective, exchange, hooks, layers
 from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.context import BN_MODES, TowerContext, TowerRecords
 from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
@@ -25,7 +25,8 @@ from towerlib.normalization import batch_norm, pooled_statistics
 from towerlib.summaries import strip_tower_prefix, tower_scalar
 from towerlib.towers import Tower, TowerModel, build_towers
 from towerlib.train_graph import TrainGraph, build_train_graph, ema_restore_map
-from towerlib.trainer import StepLogger, TrainingResult, run_training
+from towerlib.hooks import StepLogger
+from towerlib.trainer import TrainingResult, run_training
 from towerlib.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
@@ -38,7 +39,7 @@ __all__ = [
     "pooled_statistics", "run_training", "session_config", "split_global_batch",
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
     # Submodules.
-    "cluster", "collective", "layers",
+    "cluster", "collective", "exchange", "hooks", "layers",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",

@@ -43,237 +43,28 @@ order of operations but have no fsync and may not rename atomically.
 
 import logging
 import os
-import re
-import uuid
 
 import tensorflow as tf
 
+from towerlib import durable_files
+from towerlib.checkpoint_state import (DEFAULT_BASENAME, SAVING_DIRNAME, STATE_FILENAME,
+                                       CheckpointError, checkpoint_files, checkpoint_problem,
+                                       checkpoint_step, data_shard_prefix,
+                                       delete_checkpoint, read_state, scan_prefixes,
+                                       write_state)
+from towerlib.internals import checkpoint_files as tf_checkpoint_files
+
 logger = logging.getLogger("towerlib")
 
-STATE_FILENAME = "checkpoint"
-SAVING_DIRNAME = ".saving"
-DEFAULT_BASENAME = "model.ckpt"
-
-_DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
-_STEP_SUFFIX = re.compile(r"-(\d+)$")
-# Temporary files TensorFlow's own writers leave behind when killed.
-_TF_LEFTOVER = re.compile(r"(\.tempstate\d+$)|(\.tmp[0-9a-f]{32}$)|(-\d+_temp(_[0-9a-f]+)?$)")
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint in train_dir can be restored, though some were written."""
-
-
-# --- file operations (module level so that fault-injection tests can wrap them) ---
-
-
-def _is_local(path):
-    return "://" not in str(path)
-
-
-def _fsync_file(path):
-    if not _is_local(path):
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path):
-    """Makes renames and deletions in `path` durable (POSIX; a no-op elsewhere)."""
-    if not _is_local(path) or not hasattr(os, "O_DIRECTORY"):
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _rename(source, target):
-    """Atomically replaces `target` by `source` (same directory tree)."""
-    if _is_local(source):
-        os.replace(source, target)
-    else:
-        tf.io.gfile.rename(source, target, overwrite=True)
-
-
-def _remove_file(path):
-    if tf.io.gfile.exists(path):
-        tf.io.gfile.remove(path)
-
-
-def atomic_write_text(path, text):
-    """Writes `text` to `path` so that readers see the old file or the new one.
-
-    The text goes to a temporary file in the same directory, which is fsynced
-    and then renamed over `path`; the directory is fsynced after the rename.
-    """
-    directory = os.path.dirname(path) or "."
-    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-    if _is_local(path):
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-    else:
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write(text)
-    try:
-        _rename(temporary, path)
-    except BaseException:
-        _remove_file(temporary)
-        raise
-    _fsync_dir(directory)
-
-
-# --- naming ---
-
-
-def checkpoint_step(prefix):
-    """The global step in a prefix like '.../model.ckpt-1200', or None."""
-    match = _STEP_SUFFIX.search(str(prefix))
-    return int(match.group(1)) if match else None
-
-
-def _data_shards(prefix):
-    return sorted(tf.io.gfile.glob(f"{_glob_escape(prefix)}.data-?????-of-?????"))
-
-
-def _glob_escape(path):
-    return re.sub(r"([*?\[])", r"[\1]", str(path))
-
-
-def checkpoint_files(prefix):
-    """The files of the checkpoint at `prefix` that exist: data shards, .meta, .index.
-
-    The index is last, the order in which a checkpoint is published and the
-    reverse of the order in which it must be deleted.
-    """
-    files = _data_shards(prefix)
-    for suffix in (".meta", ".index"):
-        if tf.io.gfile.exists(prefix + suffix):
-            files.append(prefix + suffix)
-    return files
-
-
-def delete_checkpoint(prefix):
-    """Deletes a checkpoint's files, the .index first.
-
-    Killed half-way, what remains has no index and so is never restored.
-    """
-    index = prefix + ".index"
-    if tf.io.gfile.exists(index):
-        _remove_file(index)
-        _fsync_dir(os.path.dirname(prefix))
-    for path in checkpoint_files(prefix):
-        _remove_file(path)
-
-
-# --- verification ---
-
-
-def checkpoint_problem(prefix, read_values=True):
-    """Why the checkpoint at `prefix` cannot be restored, or None if it can.
-
-    Args:
-      prefix: a checkpoint prefix, e.g. '/train/model.ckpt-1200'.
-      read_values: also read every tensor back, which verifies each one's
-        CRC32C checksum (catches truncated or corrupted data files). Costs one
-        read of the checkpoint; without it only the index and the presence of
-        every data shard are checked.
-
-    Returns:
-      None, or a sentence naming the file at fault.
-    """
-    index = prefix + ".index"
-    if not tf.io.gfile.exists(index):
-        return f"its index {index} is missing (the save did not finish)"
-    shards = _data_shards(prefix)
-    counts = {int(_DATA_SHARD.search(s).group(2)) for s in shards}
-    if len(counts) > 1:
-        return f"its data shards disagree on the shard count: {shards}"
-    if counts:
-        expected = counts.pop()
-        for shard in range(expected):
-            path = f"{prefix}.data-{shard:05d}-of-{expected:05d}"
-            if not tf.io.gfile.exists(path):
-                return f"its data shard {path} is missing"
-    try:
-        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
-        names = reader.get_variable_to_shape_map()
-        if names and not shards:
-            return f"it has no data file ({prefix}.data-*) for its {len(names)} tensors"
-        if read_values:
-            for name in sorted(names):
-                reader.get_tensor(name)
-    except Exception as error:  # pylint: disable=broad-except
-        # The reader raises OpError, ValueError, RuntimeError or IndexError
-        # ("Read less bytes than requested" on a truncated data file).
-        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        return f"it cannot be read ({message})"
-    return None
-
-
-# --- the state file ---
-
-
-def _absolute(train_dir, path):
-    return path if os.path.isabs(path) or not _is_local(path) else os.path.join(train_dir, path)
-
-
-def read_state(train_dir):
-    """The checkpoint prefixes the state file lists, oldest first (absolute paths).
-
-    An unreadable or missing state file gives [] (the directory scan in
-    `find_restorable_checkpoint` still finds the checkpoints).
-    """
-    state = tf.train.get_checkpoint_state(train_dir)
-    if state is None:
-        return []
-    listed = [_absolute(train_dir, p) for p in state.all_model_checkpoint_paths]
-    latest = (_absolute(train_dir, state.model_checkpoint_path)
-              if state.model_checkpoint_path else None)
-    if latest and latest not in listed:
-        listed.append(latest)
-    return listed
-
-
-def write_state(train_dir, prefixes):
-    """Atomically writes TensorFlow's `checkpoint` state file listing `prefixes`.
-
-    The last prefix is the latest. Paths are written relative to train_dir,
-    so that the directory can be moved.
-    """
-    def relative(prefix):
-        return os.path.relpath(prefix, train_dir) if _is_local(prefix) else prefix
-
-    lines = []
-    if prefixes:
-        lines.append(f'model_checkpoint_path: "{_quote(relative(prefixes[-1]))}"')
-        lines.extend(f'all_model_checkpoint_paths: "{_quote(relative(p))}"'
-                     for p in prefixes)
-    atomic_write_text(os.path.join(train_dir, STATE_FILENAME), "\n".join(lines) + "\n")
-
-
-def _quote(text):
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+__all__ = [
+    "DEFAULT_BASENAME", "SAVING_DIRNAME", "STATE_FILENAME", "CheckpointError",
+    "CheckpointWriter", "checkpoint_files", "checkpoint_problem", "checkpoint_step",
+    "data_shard_prefix", "delete_checkpoint", "find_restorable_checkpoint", "prepare_restore", "read_state",
+    "remove_leftovers", "scan_prefixes", "write_state",
+]
 
 
 # --- finding what to restore ---
-
-
-def _scan_prefixes(train_dir):
-    """Prefixes of every '<name>-<step>.index' file directly in train_dir.
-
-    Files without a step suffix (an exported 'best.index', say) are not
-    training checkpoints and are left to the state file to name.
-    """
-    pattern = os.path.join(_glob_escape(train_dir), "*.index")
-    prefixes = [path[:-len(".index")] for path in tf.io.gfile.glob(pattern)]
-    return [p for p in prefixes if checkpoint_step(p) is not None]
 
 
 def _newest_first(listed, scanned):
@@ -310,20 +101,21 @@ def remove_leftovers(train_dir):
     for name in tf.io.gfile.listdir(train_dir):
         name = name.rstrip("/")
         path = os.path.join(train_dir, name)
-        if _TF_LEFTOVER.search(name) or name.startswith(STATE_FILENAME + ".tmp"):
+        if (tf_checkpoint_files.is_tensorflow_leftover(name)
+                or name.startswith(STATE_FILENAME + ".tmp")):
             if tf.io.gfile.isdir(path):
                 tf.io.gfile.rmtree(path)
             else:
-                _remove_file(path)
+                durable_files.remove_file(path)
             removed.append(path)
             continue
-        shard = _DATA_SHARD.search(name)
-        if shard and not tf.io.gfile.exists(
-                os.path.join(train_dir, name[:shard.start()]) + ".index"):
-            _remove_file(path)
+        shard_of = data_shard_prefix(name)
+        if shard_of is not None and not tf.io.gfile.exists(
+                os.path.join(train_dir, shard_of) + ".index"):
+            durable_files.remove_file(path)
             removed.append(path)
     if removed:
-        _fsync_dir(train_dir)
+        durable_files.fsync_dir(train_dir)
     return removed
 
 
@@ -343,7 +135,7 @@ def find_restorable_checkpoint(train_dir, read_values=True):
     if not tf.io.gfile.isdir(train_dir):
         return None
     listed = read_state(train_dir)
-    candidates = _newest_first(listed, _scan_prefixes(train_dir))
+    candidates = _newest_first(listed, scan_prefixes(train_dir))
     problems = []
     for prefix in candidates:
         problem = checkpoint_problem(prefix, read_values=read_values)
@@ -455,7 +247,7 @@ class CheckpointWriter:
             self.saver.save(session, staged, write_state=False,
                             write_meta_graph=self.write_meta_graph)
         for path in checkpoint_files(staged):
-            _fsync_file(path)
+            durable_files.fsync_file(path)
         return staged
 
     def _publish(self, staged, final):
@@ -470,10 +262,10 @@ class CheckpointWriter:
                 f"Saving {final} produced no index file in {os.path.dirname(staged)} "
                 f"(files: {files}); the checkpoint was not published.")
         for path in files[:-1]:
-            _rename(path, final + path[len(staged):])
-        _fsync_dir(self.train_dir)
-        _rename(files[-1], final + ".index")
-        _fsync_dir(self.train_dir)
+            durable_files.rename(path, final + path[len(staged):])
+        durable_files.fsync_dir(self.train_dir)
+        durable_files.rename(files[-1], final + ".index")
+        durable_files.fsync_dir(self.train_dir)
 
     def _update_state(self, final):
         kept = [p for p in self.kept if p != final] + [final]
@@ -482,69 +274,3 @@ class CheckpointWriter:
         self.kept = kept
         for prefix in dropped:
             delete_checkpoint(prefix)
-
-
-class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
-    """Saves with a CheckpointWriter every N steps or seconds, and at the end.
-
-    Saves once right after the session is created (unless that step already
-    has a checkpoint, as after a restore), and at `end`, which
-    MonitoredSession calls only when training stops without an exception:
-    a step that raised (e.g. a non-finite loss) is never saved. Put this hook
-    after every hook that can raise, so that a check failing in `after_run`
-    stops the save of that same step.
-    """
-
-    def __init__(self, train_dir, scaffold, *, save_steps=None, save_secs=None,
-                 max_to_keep=5, basename=DEFAULT_BASENAME, write_meta_graph=True):
-        if (save_steps is None) == (save_secs is None):
-            raise ValueError("Give exactly one of save_steps and save_secs.")
-        self._train_dir = train_dir
-        self._scaffold = scaffold
-        self._timer = tf.compat.v1.train.SecondOrStepTimer(
-            every_secs=save_secs, every_steps=save_steps)
-        self._writer_options = dict(max_to_keep=max_to_keep, basename=basename,
-                                    write_meta_graph=write_meta_graph)
-        self._global_step = None
-        self.writer = None
-
-    @property
-    def last_saved(self):
-        """The prefix of the newest complete checkpoint, or None."""
-        return self.writer.latest if self.writer else None
-
-    def begin(self):
-        self._global_step = tf.compat.v1.train.get_global_step()
-        if self._global_step is None:
-            raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
-                               "with tf.compat.v1.train.get_or_create_global_step().")
-
-    def after_create_session(self, session, coord):
-        saver = self._scaffold.saver if self._scaffold is not None else None
-        if saver is None:
-            savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-            if len(savers) != 1:
-                raise RuntimeError(
-                    f"Found {len(savers)} savers in the SAVERS collection; pass a "
-                    "Scaffold with the saver to use.")
-            saver = savers[0]
-        self.writer = CheckpointWriter(saver, self._train_dir, **self._writer_options)
-        step = int(session.run(self._global_step))
-        self.writer.save(session, step)
-        self._timer.update_last_triggered_step(step)
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
-
-    def after_run(self, run_context, run_values):
-        # The step read before the update; +1 is the step this run produced.
-        if self._timer.should_trigger_for_step(run_values.results + 1):
-            step = int(run_context.session.run(self._global_step))
-            if self._timer.should_trigger_for_step(step):
-                self._timer.update_last_triggered_step(step)
-                self.writer.save(run_context.session, step)
-
-    def end(self, session):
-        step = int(session.run(self._global_step))
-        if step != self._timer.last_triggered_step():
-            self.writer.save(session, step)

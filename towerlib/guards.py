@@ -24,14 +24,12 @@ checkpoint hook runs, so it is never saved.
 
 import logging
 import re
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
 logger = logging.getLogger("towerlib")
 
-_GUARDS = weakref.WeakKeyDictionary()  # graph -> [NumericsGuardOptimizer]
 _TOWER_SCOPE = re.compile(r"(?:^|/)tower_(\d+)(?:/|$)")
 
 
@@ -198,7 +196,6 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
                      step, "finite flags [tower, (loss, gradients...)]:", flags],
                     summarize=64, name="check")
         gated = [(_gate(g, self.assert_op), v) for g, v in grads_and_vars]
-        _GUARDS.setdefault(tf.compat.v1.get_default_graph(), []).append(self)
         return self.optimizer.apply_gradients(gated, global_step=global_step, name=name)
 
     # Delegation, so that code asking the wrapper for slots gets the real ones.
@@ -249,39 +246,10 @@ def guard_numerics(optimizer, check_gradients=False):
     return NumericsGuardOptimizer(optimizer, check_gradients=check_gradients)
 
 
-def guards_of(graph):
-    """The NumericsGuardOptimizers whose update was built in `graph`."""
-    return list(_GUARDS.get(graph, []))
+def guards_in(optimizer):
+    """[optimizer] when it is a NumericsGuardOptimizer, else [].
 
-
-class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
-    """Raises NonFiniteError when a tower's loss of the step just run is not finite.
-
-    The fallback when the optimizer is not guarded: the update has run by the
-    time the losses are seen, so this hook must come before the checkpoint
-    hook, which then never saves that step.
+    build_train_graph records the answer on TrainGraph.numerics_guards, which
+    is how run_training knows to translate the guard's failure.
     """
-
-    def __init__(self, tower_losses, step_after_update, devices=None):
-        """
-        Args:
-          tower_losses: float scalars, one per tower (TrainGraph.tower_losses).
-          step_after_update: the global step read after the update
-            (towerlib.trainer.step_after_update), to name the step.
-          devices: tower device strings, for the message.
-        """
-        self.tower_losses = list(tower_losses)
-        self.step_after_update = step_after_update
-        self.devices = list(devices) if devices else [""] * len(self.tower_losses)
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(
-            [self.tower_losses, self.step_after_update])
-
-    def after_run(self, run_context, run_values):
-        losses, step = run_values.results
-        bad = [i for i, loss in enumerate(losses) if not np.isfinite(loss)]
-        if bad:
-            problems = [f"tower {i}" + (f" ({self.devices[i]})" if self.devices[i] else "")
-                        + f": the loss is {losses[i]}" for i in bad]
-            raise NonFiniteError(int(step), problems, applied=True)
+    return [optimizer] if isinstance(optimizer, NumericsGuardOptimizer) else []

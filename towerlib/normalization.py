@@ -36,7 +36,7 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
     exchange. synchronized=True ('sync'): those of the whole global batch.
 
     Each tower summarizes its shard, ONE gather across the towers (through
-    ctx.cross_tower, a towerlib.collective.CrossTowerReducer) hands every
+    ctx.cross_tower, a towerlib.exchange.CrossTowerReducer) hands every
     tower all the summaries, and each tower combines them identically with
     Chan's parallel formula around a common pivot P:
 
@@ -108,7 +108,7 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
             "reducer (ctx.cross_tower). Build training graphs with "
             "towerlib.build_train_graph, which creates one; for a forward-only "
             "build_towers(..., is_training=True) pass cross_tower="
-            "towerlib.collective.CrossTowerReducer(devices) and call its "
+            "towerlib.exchange.CrossTowerReducer(devices) and call its "
             "check_consistent() after building.")
     if synchronized and reducer.num_towers != ctx.num_towers:
         raise ValueError(

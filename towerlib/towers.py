@@ -14,6 +14,7 @@ import tensorflow as tf
 from towerlib import devices as devices_lib
 from towerlib import inputs as inputs_lib
 from towerlib.context import TowerContext, TowerRecords, check_bn_mode
+from towerlib.internals import error_texts
 
 
 class TowerModel:
@@ -191,14 +192,14 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                 try:
                     result = tower_fn(tower_inputs, ctx)
                 except ValueError as error:
-                    if index > 0 and "does not exist" in str(error):
+                    if index > 0 and error_texts.is_missing_variable(error):
                         raise ValueError(
                             f"Tower {index} tried to create a variable that tower 0 "
                             f"did not create: {error}\nEvery variable must be created "
                             "by tower 0 and reused by later towers: do not create "
                             "variables conditionally on ctx.index, and give layers "
                             "fixed names.") from error
-                    if reuse_variables and "does not exist" in str(error):
+                    if reuse_variables and error_texts.is_missing_variable(error):
                         raise ValueError(
                             "reuse_variables=True, but the tower function asked for a "
                             f"variable that does not exist yet: {error}") from error

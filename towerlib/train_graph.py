@@ -14,11 +14,12 @@ update (seed 000); the weights' moving average, when asked for, after it.
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from towerlib import collective
+from towerlib import exchange
+from towerlib import guards
 from towerlib import devices as devices_lib
 from towerlib import normalization
 from towerlib import gradients as gradients_lib
@@ -46,6 +47,8 @@ class TrainGraph:
       devices: the tower device strings.
       contexts: each tower's TowerContext.
       scalars: the merged tower scalars, by name.
+      numerics_guards: the towerlib.guard_numerics wrappers whose update this
+        graph applies (run_training names their failures), usually () or one.
     """
 
     train_op: tf.Operation
@@ -62,6 +65,7 @@ class TrainGraph:
     devices: List[str]
     contexts: List[TowerContext]
     scalars: Dict[str, tf.Tensor]
+    numerics_guards: Tuple[Any, ...] = ()
 
 
 def _check_optimizer(optimizer):
@@ -81,9 +85,9 @@ def check_ema_decay(ema_decay):
 def _check_sync_transport(sync_transport):
     # Checked whatever the mode and tower count, so a typo shows at once and
     # not on the day the same code first runs bn_mode='sync' on two towers.
-    if sync_transport is not None and sync_transport not in collective.TRANSPORTS:
+    if sync_transport is not None and sync_transport not in exchange.TRANSPORTS:
         raise ValueError(
-            f"sync_transport must be one of {collective.TRANSPORTS}, or None to "
+            f"sync_transport must be one of {exchange.TRANSPORTS}, or None to "
             f"choose by device type, got {sync_transport!r}.")
 
 
@@ -101,7 +105,7 @@ def _make_cross_tower_reducer(bn_mode, devices, timeout_seconds, transport):
     """The reducer sync batch norm exchanges statistics through; None for other modes."""
     if bn_mode != "sync" or len(devices) == 1:
         return None
-    return collective.CrossTowerReducer(
+    return exchange.CrossTowerReducer(
         devices, timeout_seconds=timeout_seconds, transport=transport)
 
 
@@ -178,13 +182,13 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         'learning_rate' and the merged tower scalars to the SUMMARIES collection.
       sync_timeout_seconds: with bn_mode='sync' through collectives, an
         optional per-op timeout of the cross-tower collectives (None: none;
-        costly, see towerlib.collective.CrossTowerReducer). Towers that would make
+        costly, see towerlib.exchange.CrossTowerReducer). Towers that would make
         different collectives fail at build time; bound runs with
-        towerlib.collective.bounded_session_config and check_fetches.
+        towerlib.exchange.bounded_session_config and check_fetches.
       sync_transport: with bn_mode='sync', how the towers exchange
         statistics: 'graph', 'collective', or None for 'collective' (NCCL)
         when every tower is a GPU and 'graph' otherwise (see
-        towerlib.collective.CrossTowerReducer).
+        towerlib.exchange.CrossTowerReducer).
 
     Returns:
       A TrainGraph.
@@ -274,7 +278,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         tower_losses=[t.loss for t in towers], tower_shares=shares,
         tower_outputs=[t.outputs for t in towers], global_step=global_step,
         grads_and_vars=grads_and_vars, update_ops=update_ops, ema=ema,
-        devices=devices, contexts=[t.context for t in towers], scalars=scalars)
+        devices=devices, contexts=[t.context for t in towers], scalars=scalars,
+        numerics_guards=tuple(guards.guards_in(optimizer)))
 
 
 def ema_restore_map(ema_decay, var_list=None):

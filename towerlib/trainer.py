@@ -15,15 +15,15 @@ place of TensorFlow's where a fault would cost work:
 
 import collections
 import logging
-import time
 
 import tensorflow as tf
 
 from towerlib import checkpoints
-from towerlib import collective
 from towerlib import guards
+from towerlib import hooks as hooks_lib
 from towerlib import stopping
 from towerlib import validation
+from towerlib.exchange import safety as exchange_safety
 
 logger = logging.getLogger("towerlib")
 
@@ -36,58 +36,6 @@ def _ensure_log_output():
         logger.addHandler(handler)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-
-
-class StepLogger(tf.compat.v1.train.SessionRunHook):
-    """Logs step, loss, examples/sec and sec/batch every `every_n_steps` steps.
-
-    Rates are measured over the steps since the previous log line, so the
-    first line (which includes graph warm-up) is the only slow one.
-
-    The step number: a plain fetch of `global_step` next to the train op may
-    read it before or after the op's increment (nothing orders the two), so
-    give `step_after_update`, a read of the step made after the update
-    (`step_after_update(train_graph)`); without it the hook assumes the read
-    came first and adds 1, which is off by one when it did not.
-    """
-
-    def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None,
-                 step_after_update=None):
-        self.loss = loss
-        self.global_step = global_step
-        self.step_after_update = step_after_update
-        self.every_n_steps = max(1, int(every_n_steps))
-        self.examples_per_step = examples_per_step
-        self.last_loss = None
-        self.last_step = None
-        self._steps_since_log = 0
-        self._last_time = None
-
-    def begin(self):
-        self._last_time = time.time()
-
-    def before_run(self, run_context):
-        self._steps_since_log += 1
-        step = (self.step_after_update if self.step_after_update is not None
-                else self.global_step)
-        return tf.compat.v1.train.SessionRunArgs([self.loss, step])
-
-    def after_run(self, run_context, run_values):
-        self.last_loss, self.last_step = run_values.results
-        self.last_step = int(self.last_step)
-        if self.step_after_update is None:
-            self.last_step += 1
-        if self.last_step % self.every_n_steps and self._steps_since_log < self.every_n_steps:
-            return
-        now = time.time()
-        sec_per_batch = (now - self._last_time) / self._steps_since_log
-        rate = ""
-        if self.examples_per_step:
-            rate = f", {self.examples_per_step / sec_per_batch:.1f} examples/sec"
-        logger.info("step %d, loss = %.4f%s, %.3f sec/batch",
-                    self.last_step, self.last_loss, rate, sec_per_batch)
-        self._steps_since_log = 0
-        self._last_time = now
 
 
 def step_after_update(train_graph):
@@ -125,15 +73,6 @@ def _session_creator(scaffold, master, session_config, is_chief, restore_from):
         scaffold=scaffold, master=master, config=session_config)
 
 
-class _SessionKeeper(tf.compat.v1.train.SessionRunHook):
-    """Keeps the raw session, to read a guard's flags after a failed step."""
-
-    session = None
-
-    def after_create_session(self, session, coord):
-        self.session = session
-
-
 def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  session_config=None, master="", is_chief=True,
                  log_every_n_steps=100, save_checkpoint_steps=None,
@@ -141,7 +80,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  examples_per_step=None, scaffold=None,
                  max_checkpoints_to_keep=5,
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
-                 collective_timeout_secs=collective.DEFAULT_TIMEOUT_SECONDS):
+                 collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
@@ -205,22 +144,22 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
 
     # Built before the session finalizes the graph.
     step_after = step_after_update(train_graph)
-    step_logger = StepLogger(train_graph.loss, train_graph.global_step,
+    step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
                              log_every_n_steps, examples_per_step,
                              step_after_update=step_after)
-    numerics_guards = guards.guards_of(graph)
-    session_keeper = _SessionKeeper()
+    numerics_guards = list(train_graph.numerics_guards)
+    session_keeper = hooks_lib.SessionKeeper()
     all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
                  step_logger, session_keeper]
-    uses_collectives = collective.has_towerlib_collectives(graph)
+    uses_collectives = exchange_safety.has_towerlib_collectives(graph)
     if uses_collectives:
         # Sync batch norm: refuse a partial fetch, bound a step that waits.
-        all_hooks.append(collective.CollectiveFetchCheckHook())
+        all_hooks.append(hooks_lib.CollectiveFetchCheckHook())
         if not (session_config and session_config.operation_timeout_in_ms):
-            session_config = collective.bounded_session_config(
+            session_config = exchange_safety.bounded_session_config(
                 session_config, collective_timeout_secs)
     if not numerics_guards:
-        all_hooks.append(guards.NonFiniteLossHook(
+        all_hooks.append(hooks_lib.NonFiniteLossHook(
             train_graph.tower_losses, step_after, train_graph.devices))
     all_hooks.extend(hooks)
     signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
@@ -234,7 +173,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                 save_steps=save_summaries_steps, output_dir=train_dir,
                 scaffold=scaffold))
         # Last: every check of a step runs before that step can be saved.
-        checkpoint_hook = checkpoints.CrashSafeSaverHook(
+        checkpoint_hook = hooks_lib.CrashSafeSaverHook(
             train_dir, scaffold, save_steps=save_checkpoint_steps,
             save_secs=save_checkpoint_secs, max_to_keep=max_checkpoints_to_keep)
         all_hooks.append(checkpoint_hook)
@@ -243,7 +182,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         return checkpoint_hook.last_saved if checkpoint_hook else None
 
     try:
-        with graph.as_default(), collective.explain_collective_errors(graph), \
+        with graph.as_default(), exchange_safety.explain_collective_errors(graph), \
                 tf.compat.v1.train.MonitoredSession(
                 session_creator=_session_creator(scaffold, master, session_config,
                                                  is_chief, restore_from),

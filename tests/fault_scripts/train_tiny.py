@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from towerlib import checkpoints  # noqa: E402
+from towerlib import checkpoints, durable_files  # noqa: E402
 from towerlib.trainer import step_after_update  # noqa: E402
 from tests.fault_scripts import tiny_model  # noqa: E402
 
@@ -49,7 +49,7 @@ def inject_fault(point, step, train_dir):
 
         checkpoints.CheckpointWriter._stage = stage
     elif point in ("index", "state"):
-        original_rename = checkpoints._rename
+        original_rename = durable_files.rename
 
         def rename(source, target):
             if point == "index" and target == prefix + ".index":
@@ -60,16 +60,16 @@ def inject_fault(point, step, train_dir):
                         _die()
             original_rename(source, target)
 
-        checkpoints._rename = rename
+        durable_files.rename = rename
     elif point == "delete":
-        original_remove = checkpoints._remove_file
+        original_remove = durable_files.remove_file
 
         def remove(path):
             if path.startswith(prefix + ".data-"):
                 _die()
             original_remove(path)
 
-        checkpoints._remove_file = remove
+        durable_files.remove_file = remove
     else:
         raise ValueError(f"Unknown fault point {point!r}.")
 

@@ -1,15 +1,16 @@
-"""Cross-tower exchanges through ordinary graph edges, for towers in one graph.
+"""The 'graph' transport: cross-tower exchanges through ordinary graph edges.
 
-The other transport of towerlib.collective.CrossTowerReducer (see its
-``transport`` argument). Each exchange is one op on a hub device that takes
+A transport of towerlib.exchange.CrossTowerReducer (see its ``transport``
+argument), for towers in one graph. Each exchange is one op on a hub device that takes
 every tower's tensor as an input: a ConcatV2 for a gather, an AddN for a sum.
 Every tower reads the hub's single output, so all towers see the same bits.
 
 Towers are built one after the other, so when tower 0 makes an exchange the
 other towers' tensors do not exist yet. The hub op is therefore created with a
 placeholder in every other tower's input slot, and each later tower puts its
-tensor into its own slot when it makes the same call (``Operation._update_input``,
-the mechanism TensorFlow's own graph-mode while_loop uses for its back edges).
+tensor into its own slot when it makes the same call
+(towerlib.internals.graph_edit.replace_input, the mechanism TensorFlow's own
+graph-mode while_loop uses for its back edges).
 A slot still holding its placeholder at run time fails with TensorFlow's
 "must feed a value for placeholder" error naming the tower; the reducer's
 ``check_consistent`` reports the same mistake at build time. The filled-in
@@ -34,7 +35,9 @@ from typing import Dict, List, Sequence
 
 import tensorflow as tf
 
-__all__ = ["GraphExchange"]
+from towerlib.internals import graph_edit
+
+__all__ = ["GraphHubTransport"]
 
 
 @dataclasses.dataclass
@@ -47,7 +50,7 @@ class _Hub:
     waiting: List[bool]  # per tower: does its slot still hold a placeholder?
 
 
-class GraphExchange:
+class GraphHubTransport:
     """Gathers and sums across towers with one hub op per exchange.
 
     Args:
@@ -83,7 +86,7 @@ class GraphExchange:
                 raise AssertionError(  # the reducer pairs calls; this is a towerlib bug
                     f"exchange {key} ({name}): tower {tower_index} cannot fill a "
                     f"{hub.kind} slot as a {kind}.")
-            hub.op._update_input(tower_index, tensor)  # pylint: disable=protected-access
+            graph_edit.replace_input(hub.op, tower_index, tensor)
             hub.waiting[tower_index] = False
         return hub.output
 

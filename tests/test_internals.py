@@ -1,0 +1,135 @@
+"""Each TensorFlow internal towerlib relies on, exercised for real.
+
+When one of these fails after a TensorFlow upgrade, the message names the
+internal and the towerlib module that depends on it: fix that one module.
+"""
+
+import os
+
+import pytest
+import tensorflow as tf
+
+import towerlib
+from towerlib.internals import checkpoint_files, collective_ops, error_texts, graph_edit
+
+
+def _broken(internal, module, detail):
+    pytest.fail(f"TensorFlow {tf.__version__} no longer provides {internal}, which "
+                f"towerlib.internals.{module} relies on: {detail}", pytrace=False)
+
+
+def test_replace_input_rewires_an_existing_op():
+    with tf.Graph().as_default():
+        first, second = tf.constant(1.0), tf.constant(2.0)
+        doubled = tf.multiply(first, 2.0)
+        try:
+            graph_edit.replace_input(doubled.op, 0, second)
+        except AttributeError as error:
+            _broken("Operation._update_input", "graph_edit", error)
+        with tf.compat.v1.Session() as session:
+            assert session.run(doubled) == 4.0
+
+
+def test_collective_ops_reduce_and_gather_across_devices():
+    with tf.Graph().as_default():
+        sums, gathers = [], []
+        for index in range(2):
+            with tf.device(f"/device:CPU:{index}"):
+                value = tf.constant([[float(index + 1), 10.0]])  # [1, 2]
+                try:
+                    sums.append(collective_ops.all_reduce(value, 2, 0x7A9000, 1, "auto"))
+                    gathers.append(collective_ops.all_gather(value, 2, 0x7A9000, 2, "auto"))
+                except (AttributeError, TypeError) as error:
+                    _broken("tensorflow.python.ops.collective_ops.all_reduce/all_gather "
+                            "with these arguments", "collective_ops", error)
+        for tensor in sums + gathers:
+            if not collective_ops.is_collective_op(tensor.op):
+                _broken(f"collective op type {tensor.op.type!r} with a static group_key",
+                        "collective_ops", "COLLECTIVE_OP_TYPES needs the new type")
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            summed, gathered = session.run([sums, gathers])
+    assert [s.tolist() for s in summed] == [[[3.0, 20.0]]] * 2
+    # Rows come in rank order, the same on both devices.
+    assert gathered[0].tolist() == gathered[1].tolist()
+    assert sorted(gathered[0].tolist()) == [[1.0, 10.0], [2.0, 10.0]]
+
+
+def test_missing_variable_message():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError) as raised:
+            with tf.compat.v1.variable_scope("tower", reuse=True):
+                tf.compat.v1.get_variable("never_created", [1])
+    if not error_texts.is_missing_variable(raised.value):
+        _broken("the 'does not exist' text of get_variable(reuse=True)", "error_texts",
+                raised.value)
+
+
+def test_run_deadline_message():
+    with tf.Graph().as_default():
+        queue = tf.queue.FIFOQueue(1, tf.float32)
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=200)
+        with tf.compat.v1.Session(config=config) as session:
+            with pytest.raises(tf.errors.DeadlineExceededError) as raised:
+                session.run(queue.dequeue())
+    if not error_texts.is_run_deadline(raised.value.message):
+        _broken("the text of Session.run's deadline error", "error_texts",
+                raised.value.message)
+    assert error_texts.timeout_line(raised.value.message)
+
+
+def test_collective_timeout_message():
+    with tf.Graph().as_default():
+        with tf.device("/device:CPU:0"):
+            lonely = collective_ops.all_reduce(
+                tf.constant([1.0]), 2, 0x7A9001, 1, "auto", timeout_seconds=0.5)
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            with pytest.raises(tf.errors.DeadlineExceededError) as raised:
+                session.run(lonely)
+    if not error_texts.is_collective_timeout(raised.value.message):
+        _broken("the text of a collective op's own timeout", "error_texts",
+                raised.value.message)
+
+
+def _save_into_a_blocked_prefix(tmp_path, sharded):
+    """Saves where the final index path is a folder, so the last rename fails."""
+    with tf.Graph().as_default():
+        variable = tf.compat.v1.get_variable("v", [3])
+        saver = tf.compat.v1.train.Saver(sharded=sharded)
+        os.makedirs(tmp_path / "m-1.index" / "blocked")
+        with tf.compat.v1.Session() as session:
+            session.run(variable.initializer)
+            with pytest.raises(tf.errors.OpError):
+                saver.save(session, str(tmp_path / "m"), global_step=1,
+                           write_meta_graph=False)
+    return sorted(os.listdir(tmp_path))
+
+
+def test_tensor_bundle_temporary_name(tmp_path):
+    names = _save_into_a_blocked_prefix(tmp_path, sharded=False)
+    temporaries = [n for n in names if n not in ("m-1.index", "m-1.data-00000-of-00001")]
+    if not temporaries or not all(map(checkpoint_files.is_tensorflow_leftover, temporaries)):
+        _broken("the '<file>.tempstate<digits>' name of the tensor-bundle writer",
+                "checkpoint_files", f"files left: {names}")
+
+
+def test_sharded_saver_temporary_folder(tmp_path):
+    names = _save_into_a_blocked_prefix(tmp_path, sharded=True)
+    if "m-1_temp" not in names or not checkpoint_files.is_tensorflow_leftover("m-1_temp"):
+        _broken("the '<prefix>_temp' folder of a sharded Saver", "checkpoint_files",
+                f"files left: {names}")
+
+
+def test_state_file_temporary_name(tmp_path, monkeypatch):
+    from tensorflow.python.lib.io import file_io
+
+    sources = []
+    original = file_io.rename
+    monkeypatch.setattr(file_io, "rename",
+                        lambda source, *args, **kwargs: (sources.append(source),
+                                                         original(source, *args, **kwargs)))
+    tf.compat.v1.train.update_checkpoint_state(str(tmp_path), str(tmp_path / "m-1"))
+    names = [os.path.basename(s) for s in sources]
+    if not names or not all(map(checkpoint_files.is_tensorflow_leftover, names)):
+        _broken("the '<name>.tmp<32 hex>' name of atomic_write_string_to_file",
+                "checkpoint_files", f"renamed from: {names}")
+    assert not checkpoint_files.is_tensorflow_leftover("model.ckpt-10.index")

@@ -1,0 +1,210 @@
+"""The SessionRunHooks run_training puts around a step, in the order it adds them.
+
+  StepLogger                step, loss, examples/sec, sec/batch
+  SessionKeeper             the raw session, to read a guard's flags after a failed step
+  CollectiveFetchCheckHook  a partial fetch of collectives refused before it hangs
+  NonFiniteLossHook         a non-finite tower loss stops training (no guard)
+  CrashSafeSaverHook        checkpoints through a CheckpointWriter; added last,
+                            so that every check of a step runs before it is saved
+
+Distributed training adds SyncReplicasInitHook (towerlib.cluster).
+"""
+
+import logging
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from towerlib import checkpoints
+from towerlib.exchange import safety
+from towerlib.guards import NonFiniteError
+
+logger = logging.getLogger("towerlib")
+
+__all__ = ["CollectiveFetchCheckHook", "CrashSafeSaverHook", "NonFiniteLossHook",
+           "SessionKeeper", "StepLogger"]
+
+
+class StepLogger(tf.compat.v1.train.SessionRunHook):
+    """Logs step, loss, examples/sec and sec/batch every `every_n_steps` steps.
+
+    Rates are measured over the steps since the previous log line, so the
+    first line (which includes graph warm-up) is the only slow one.
+
+    The step number: a plain fetch of `global_step` next to the train op may
+    read it before or after the op's increment (nothing orders the two), so
+    give `step_after_update`, a read of the step made after the update
+    (`step_after_update(train_graph)`); without it the hook assumes the read
+    came first and adds 1, which is off by one when it did not.
+    """
+
+    def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None,
+                 step_after_update=None):
+        self.loss = loss
+        self.global_step = global_step
+        self.step_after_update = step_after_update
+        self.every_n_steps = max(1, int(every_n_steps))
+        self.examples_per_step = examples_per_step
+        self.last_loss = None
+        self.last_step = None
+        self._steps_since_log = 0
+        self._last_time = None
+
+    def begin(self):
+        self._last_time = time.time()
+
+    def before_run(self, run_context):
+        self._steps_since_log += 1
+        step = (self.step_after_update if self.step_after_update is not None
+                else self.global_step)
+        return tf.compat.v1.train.SessionRunArgs([self.loss, step])
+
+    def after_run(self, run_context, run_values):
+        self.last_loss, self.last_step = run_values.results
+        self.last_step = int(self.last_step)
+        if self.step_after_update is None:
+            self.last_step += 1
+        if self.last_step % self.every_n_steps and self._steps_since_log < self.every_n_steps:
+            return
+        now = time.time()
+        sec_per_batch = (now - self._last_time) / self._steps_since_log
+        rate = ""
+        if self.examples_per_step:
+            rate = f", {self.examples_per_step / sec_per_batch:.1f} examples/sec"
+        logger.info("step %d, loss = %.4f%s, %.3f sec/batch",
+                    self.last_step, self.last_loss, rate, sec_per_batch)
+        self._steps_since_log = 0
+        self._last_time = now
+
+
+class SessionKeeper(tf.compat.v1.train.SessionRunHook):
+    """Keeps the raw session, to read a guard's flags after a failed step."""
+
+    session = None
+
+    def after_create_session(self, session, coord):
+        self.session = session
+
+
+class CollectiveFetchCheckHook(tf.compat.v1.train.SessionRunHook):
+    """Runs `towerlib.exchange.check_fetches` before each run of a MonitoredSession.
+
+    The check runs once per distinct (fetches, feeds) signature, so a
+    training loop pays for it on its first step only. Fetches that other
+    hooks add are not checked.
+    """
+
+    def __init__(self):
+        self._checked = set()
+
+    def before_run(self, run_context):
+        args = run_context.original_args
+        graph = run_context.session.graph
+        signature = (
+            tuple(e.name for e in safety.graph_elements(args.fetches, graph)),
+            tuple(sorted(e.name for e in safety.graph_elements(
+                list(args.feed_dict or {}), graph))),
+        )
+        if signature not in self._checked:
+            safety.check_fetches(args.fetches, args.feed_dict, graph)
+            self._checked.add(signature)
+
+
+class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
+    """Raises NonFiniteError when a tower's loss of the step just run is not finite.
+
+    The fallback when the optimizer is not guarded: the update has run by the
+    time the losses are seen, so this hook must come before the checkpoint
+    hook, which then never saves that step.
+    """
+
+    def __init__(self, tower_losses, step_after_update, devices=None):
+        """
+        Args:
+          tower_losses: float scalars, one per tower (TrainGraph.tower_losses).
+          step_after_update: the global step read after the update
+            (towerlib.trainer.step_after_update), to name the step.
+          devices: tower device strings, for the message.
+        """
+        self.tower_losses = list(tower_losses)
+        self.step_after_update = step_after_update
+        self.devices = list(devices) if devices else [""] * len(self.tower_losses)
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(
+            [self.tower_losses, self.step_after_update])
+
+    def after_run(self, run_context, run_values):
+        losses, step = run_values.results
+        bad = [i for i, loss in enumerate(losses) if not np.isfinite(loss)]
+        if bad:
+            problems = [f"tower {i}" + (f" ({self.devices[i]})" if self.devices[i] else "")
+                        + f": the loss is {losses[i]}" for i in bad]
+            raise NonFiniteError(int(step), problems, applied=True)
+
+
+class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
+    """Saves with a CheckpointWriter every N steps or seconds, and at the end.
+
+    Saves once right after the session is created (unless that step already
+    has a checkpoint, as after a restore), and at `end`, which
+    MonitoredSession calls only when training stops without an exception:
+    a step that raised (e.g. a non-finite loss) is never saved. Put this hook
+    after every hook that can raise, so that a check failing in `after_run`
+    stops the save of that same step.
+    """
+
+    def __init__(self, train_dir, scaffold, *, save_steps=None, save_secs=None,
+                 max_to_keep=5, basename=checkpoints.DEFAULT_BASENAME, write_meta_graph=True):
+        if (save_steps is None) == (save_secs is None):
+            raise ValueError("Give exactly one of save_steps and save_secs.")
+        self._train_dir = train_dir
+        self._scaffold = scaffold
+        self._timer = tf.compat.v1.train.SecondOrStepTimer(
+            every_secs=save_secs, every_steps=save_steps)
+        self._writer_options = dict(max_to_keep=max_to_keep, basename=basename,
+                                    write_meta_graph=write_meta_graph)
+        self._global_step = None
+        self.writer = None
+
+    @property
+    def last_saved(self):
+        """The prefix of the newest complete checkpoint, or None."""
+        return self.writer.latest if self.writer else None
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+        if self._global_step is None:
+            raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
+                               "with tf.compat.v1.train.get_or_create_global_step().")
+
+    def after_create_session(self, session, coord):
+        saver = self._scaffold.saver if self._scaffold is not None else None
+        if saver is None:
+            savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+            if len(savers) != 1:
+                raise RuntimeError(
+                    f"Found {len(savers)} savers in the SAVERS collection; pass a "
+                    "Scaffold with the saver to use.")
+            saver = savers[0]
+        self.writer = checkpoints.CheckpointWriter(saver, self._train_dir, **self._writer_options)
+        step = int(session.run(self._global_step))
+        self.writer.save(session, step)
+        self._timer.update_last_triggered_step(step)
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._global_step)
+
+    def after_run(self, run_context, run_values):
+        # The step read before the update; +1 is the step this run produced.
+        if self._timer.should_trigger_for_step(run_values.results + 1):
+            step = int(run_context.session.run(self._global_step))
+            if self._timer.should_trigger_for_step(step):
+                self._timer.update_last_triggered_step(step)
+                self.writer.save(run_context.session, step)
+
+    def end(self, session):
+        step = int(session.run(self._global_step))
+        if step != self._timer.last_triggered_step():
+            self.writer.save(session, step)

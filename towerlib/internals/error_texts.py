@@ -1,0 +1,38 @@
+"""TensorFlow error message texts towerlib recognizes.
+
+Some failures reach Python only as an OpError whose class is too broad to
+act on (DeadlineExceededError for both a collective's own timeout and a run
+deadline; ValueError for a variable that does not exist). The texts matched
+here are TensorFlow's, from TF 2.21; tests/test_internals.py provokes each
+one and fails by name if a release rewords it.
+"""
+
+__all__ = ["is_collective_timeout", "is_missing_variable", "is_run_deadline",
+           "timeout_line"]
+
+# A collective op's own timeout, or a collective aborted by another's failure.
+_COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is aborted")
+# Session.run's deadline (RunOptions.timeout_in_ms or
+# ConfigProto.operation_timeout_in_ms): it does not name the op still running.
+_RUN_DEADLINE_TEXT = "Timed out waiting for notification"
+# get_variable(reuse=True) of a name no earlier tower created.
+_MISSING_VARIABLE_TEXT = "does not exist"
+
+
+def is_collective_timeout(message: str) -> bool:
+    return any(text in (message or "") for text in _COLLECTIVE_TIMEOUT_TEXTS)
+
+
+def is_run_deadline(message: str) -> bool:
+    return _RUN_DEADLINE_TEXT in (message or "")
+
+
+def is_missing_variable(error: Exception) -> bool:
+    return _MISSING_VARIABLE_TEXT in str(error)
+
+
+def timeout_line(message: str) -> str:
+    """The line of `message` that says which timeout fired, or ''."""
+    texts = _COLLECTIVE_TIMEOUT_TEXTS + (_RUN_DEADLINE_TEXT,)
+    return next((line.strip() for line in (message or "").splitlines()
+                 if any(text in line for text in texts)), "")
