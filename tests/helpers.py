@@ -7,6 +7,7 @@ set by name from one numpy seed, since op-level random seeds depend on the
 graph's construction order.
 """
 
+import glob
 import os
 import subprocess
 import sys
@@ -53,11 +54,23 @@ def embedding_model(inputs, ctx):
         labels=labels, logits=logits))
 
 
-def image_batch(batch_size, seed=0, offset=0.0, scale=1.0):
+def image_batches(batch_size, steps=5, seed=0, offset=0.0, scale=1.0):
+    """`steps` (images, labels) batches drawn one after another from one seed.
+
+    A run that reads a new batch each step trains on these; the first of them
+    is image_batch(batch_size, seed, offset, scale).
+    """
     rng = np.random.RandomState(seed)
-    images = (offset + scale * rng.randn(batch_size, 6, 6, 2)).astype(np.float32)
-    labels = rng.randint(0, NUM_CLASSES, batch_size).astype(np.int32)
-    return images, labels
+    batches = []
+    for _ in range(steps):
+        images = (offset + scale * rng.randn(batch_size, 6, 6, 2)).astype(np.float32)
+        labels = rng.randint(0, NUM_CLASSES, batch_size).astype(np.int32)
+        batches.append((images, labels))
+    return batches
+
+
+def image_batch(batch_size, seed=0, offset=0.0, scale=1.0):
+    return image_batches(batch_size, 1, seed, offset, scale)[0]
 
 
 def id_batch(batch_size, seed=0):
@@ -69,6 +82,16 @@ def id_batch(batch_size, seed=0):
 
 def cpu_devices(num_towers):
     return [f"/device:CPU:{i}" for i in range(num_towers)]
+
+
+def cpu_session(graph, num_cpus):
+    """A Session on `num_cpus` virtual CPUs with no other option set.
+
+    For tests of the cross-tower reducer on its own: what they run must not
+    depend on what towerlib.session_config adds.
+    """
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": num_cpus})
+    return tf.compat.v1.Session(graph=graph, config=config)
 
 
 def initial_values(shapes_by_name, seed=123):
@@ -111,6 +134,29 @@ def make_optimizer(kind):
     if kind == "sgd":
         return tf.compat.v1.train.GradientDescentOptimizer(0.1)
     return tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
+
+
+def build_on_image_batch(num_cpu_towers=None, tower_fn=conv_bn_model, inputs=None,
+                         batch_size=8, optimizer_kind="sgd", **options):
+    """towerlib.build_train_graph in the current graph on one constant image batch.
+
+    For the tests that look at what building does (variables, ops, placement,
+    errors) rather than at what training computes: they differ only in what
+    they pass here.
+
+    Args:
+      num_cpu_towers: the towers' devices are that many virtual CPUs, unless
+        `options` name the devices (devices=None leaves the choice to towerlib).
+      inputs: what the towers read; by default image_batch(batch_size) as constants.
+      optimizer_kind: "sgd" or "momentum", as make_optimizer takes it.
+      options: the other arguments of towerlib.build_train_graph.
+    """
+    if num_cpu_towers is not None:
+        options.setdefault("devices", cpu_devices(num_cpu_towers))
+    if inputs is None:
+        inputs = tuple(tf.constant(x) for x in image_batch(batch_size))
+    return towerlib.build_train_graph(
+        tower_fn, inputs, make_optimizer(optimizer_kind), **options)
 
 
 def run_reference(model_fn, batch, optimizer_kind, steps=5):
@@ -171,6 +217,18 @@ def run_towers(model_fn, batch, optimizer_kind, num_towers, steps=5,
 def max_abs_difference(left, right):
     assert sorted(left) == sorted(right), (sorted(left), sorted(right))
     return max(float(np.max(np.abs(left[k] - right[k]))) for k in left)
+
+
+def event_scalars(log_dir):
+    """The scalar summaries of the event files in `log_dir`: {tag: [(step, value), ...]},
+    each file's in the order they were written; a later value of a step overrides
+    an earlier one in dict(scalars[tag])."""
+    scalars = {}
+    for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

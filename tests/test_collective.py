@@ -21,15 +21,6 @@ COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveGather")
 TRANSPORTS = ["graph", "collective"]
 
 
-def cpu_devices(n):
-    return [f"/device:CPU:{i}" for i in range(n)]
-
-
-def session(graph, n):
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": n})
-    return tf.compat.v1.Session(graph=graph, config=config)
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("num_towers", [2, 3, 4])
 def test_sum_and_gather_forward_are_exact(num_towers, transport):
@@ -38,7 +29,7 @@ def test_sum_and_gather_forward_are_exact(num_towers, transport):
     matrices = [rng.normal(size=[2, 3]).astype(np.float32) for _ in range(num_towers)]
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(num_towers), timeout_seconds=30,
+        reducer = CrossTowerReducer(helpers.cpu_devices(num_towers), timeout_seconds=30,
                                     transport=transport)
         sums, gathers = [], []
         for i in range(num_towers):
@@ -46,7 +37,7 @@ def test_sum_and_gather_forward_are_exact(num_towers, transport):
                 sums.append(reducer.sum([vectors[i], matrices[i]], i, name="stats"))
                 gathers.append(reducer.gather(vectors[i], i, name="rows"))
         reducer.check_consistent()
-        with session(graph, num_towers) as sess:
+        with helpers.cpu_session(graph, num_towers) as sess:
             got_sums, got_gathers = sess.run([sums, gathers])
     for tower_sum, tower_gather in zip(got_sums, got_gathers):
         np.testing.assert_allclose(tower_sum[0], np.sum(vectors, 0), rtol=1e-6)
@@ -72,7 +63,7 @@ def test_gradients_through_sum_and_gather_are_exact(num_towers, transport):
     weights = rng.normal(size=[num_towers, 4])
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(num_towers), timeout_seconds=30,
+        reducer = CrossTowerReducer(helpers.cpu_devices(num_towers), timeout_seconds=30,
                                     transport=transport)
         grads = []
         for i in range(num_towers):
@@ -83,7 +74,7 @@ def test_gradients_through_sum_and_gather_are_exact(num_towers, transport):
                 loss = c[i] * tf.reduce_sum(s * s) + d[i] * tf.reduce_sum(g * g * weights)
                 grads.append(tf.gradients(loss, x)[0])
         reducer.check_consistent()
-        with session(graph, num_towers) as sess:
+        with helpers.cpu_session(graph, num_towers) as sess:
             got = sess.run(grads)
     s = np.sum(xs, axis=0)
     for i in range(num_towers):
@@ -113,7 +104,7 @@ def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_dev
                 gathers.append(g)
                 grads.append(tf.gradients((i + 1.0) * tf.reduce_sum(g * g * weights), x)[0])
         reducer.check_consistent()
-        with session(graph, num_towers) as sess:
+        with helpers.cpu_session(graph, num_towers) as sess:
             got_gathers, got_unordered, got_grads = sess.run([gathers, unordered, grads])
     total_scale = sum(range(1, num_towers + 1))
     for i in range(num_towers):
@@ -133,7 +124,7 @@ def test_gather_rows_and_gradients_follow_tower_order_not_device_order(tower_dev
 def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, ordered=ordered,
+        reducer = CrossTowerReducer(helpers.cpu_devices(2), timeout_seconds=30, ordered=ordered,
                                     transport="collective")
         for i in range(2):
             x = tf.ones([3])
@@ -160,7 +151,7 @@ def test_ops_are_placed_on_tower_devices_and_keyed_per_call_order(ordered):
 def test_backward_uses_its_own_instance_keys():
     graph = tf.Graph()
     with graph.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), timeout_seconds=30, transport="collective")
+        reducer = CrossTowerReducer(helpers.cpu_devices(2), timeout_seconds=30, transport="collective")
         for i in range(2):
             x = tf.ones([3])
             tf.gradients(tf.reduce_sum(reducer.sum(x, i) ** 2), x)
@@ -181,7 +172,7 @@ def test_small_sums_gather_large_sums_all_reduce_both_exact():
     small = [rng.normal(size=[6]).astype(np.float32) for _ in range(3)]
     large = [rng.normal(size=[40000]).astype(np.float32) for _ in range(3)]
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(3), timeout_seconds=30, transport="collective")
+        reducer = CrossTowerReducer(helpers.cpu_devices(3), timeout_seconds=30, transport="collective")
         outs = [
             (reducer.sum(small[i], i, name="small"), reducer.sum(large[i], i, name="large"))
             for i in range(3)
@@ -190,7 +181,7 @@ def test_small_sums_gather_large_sums_all_reduce_both_exact():
             name: {op.type for op in graph.get_operations() if op.name.startswith(name)}
             for name in ("small", "large")
         }
-        with session(graph, 3) as sess:
+        with helpers.cpu_session(graph, 3) as sess:
             got = sess.run(outs)
     assert "CollectiveGather" in types["small"] and "CollectiveReduce" not in types["small"]
     assert "CollectiveReduce" in types["large"]
@@ -215,14 +206,14 @@ def test_gpu_devices_use_nccl():
 
 def test_group_keys_unique_per_reducer_and_per_graph():
     with tf.Graph().as_default():
-        a = CrossTowerReducer(cpu_devices(2), transport="collective")
-        b = CrossTowerReducer(cpu_devices(2), transport="collective")
+        a = CrossTowerReducer(helpers.cpu_devices(2), transport="collective")
+        b = CrossTowerReducer(helpers.cpu_devices(2), transport="collective")
         assert a.group_key != b.group_key
         with pytest.raises(ValueError, match="already used"):
-            CrossTowerReducer(cpu_devices(2), group_key=a.group_key, transport="collective")
+            CrossTowerReducer(helpers.cpu_devices(2), group_key=a.group_key, transport="collective")
     with tf.Graph().as_default():
         # A fresh graph starts afresh: nothing leaks from the previous graph.
-        assert CrossTowerReducer(cpu_devices(2), transport="collective").group_key == a.group_key
+        assert CrossTowerReducer(helpers.cpu_devices(2), transport="collective").group_key == a.group_key
 
 
 def test_one_tower_builds_no_collective():
@@ -245,7 +236,7 @@ def test_one_tower_builds_no_collective():
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_shape_mismatch_is_an_error_at_build_time_naming_the_tower(transport):
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(3), transport=transport)
+        reducer = CrossTowerReducer(helpers.cpu_devices(3), transport=transport)
         reducer.sum(tf.ones([4]), 0, name="conv1/bn")
         reducer.sum(tf.ones([4]), 1, name="conv1/bn")
         with pytest.raises(
@@ -259,7 +250,7 @@ def test_shape_mismatch_is_an_error_at_build_time_naming_the_tower(transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_call_count_mismatch_is_caught_by_check_consistent(transport):
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), transport=transport)
+        reducer = CrossTowerReducer(helpers.cpu_devices(2), transport=transport)
         for name in ("bn1", "bn2"):
             reducer.sum(tf.ones([4]), 0, name=name)
         reducer.sum(tf.ones([4]), 1, name="bn1")
@@ -274,12 +265,12 @@ def test_call_count_mismatch_is_caught_by_check_consistent(transport):
 def test_bad_arguments_fail_early_with_the_fix():
     with tf.Graph().as_default():
         with pytest.raises(ValueError, match="None .no per-op timeout. or a positive"):
-            CrossTowerReducer(cpu_devices(2), timeout_seconds=0)
+            CrossTowerReducer(helpers.cpu_devices(2), timeout_seconds=0)
         with pytest.raises(ValueError, match="distinct"):
             CrossTowerReducer(["/device:CPU:0", "/cpu:0"])
         with pytest.raises(ValueError, match=r"transport must be one of \('collective', 'graph'\)"):
-            CrossTowerReducer(cpu_devices(2), transport="nccl")
-        reducer = CrossTowerReducer(cpu_devices(2))
+            CrossTowerReducer(helpers.cpu_devices(2), transport="nccl")
+        reducer = CrossTowerReducer(helpers.cpu_devices(2))
         with pytest.raises(ValueError, match=r"tower_index must be an int in \[0, 2\)"):
             reducer.sum(tf.ones([2]), 2)
         with pytest.raises(ValueError, match="share a dtype"):
@@ -292,7 +283,7 @@ def test_bad_arguments_fail_early_with_the_fix():
 def test_default_collectives_have_no_per_op_timeout():
     """TF starts a sleeping thread per op and step for a per-op timeout."""
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(2), transport="collective")
+        reducer = CrossTowerReducer(helpers.cpu_devices(2), transport="collective")
         for i in range(2):
             reducer.sum(tf.ones([2]), i)
     ops = [op for op in graph.get_operations() if op.type in COLLECTIVE_TYPES]
@@ -302,7 +293,7 @@ def test_default_collectives_have_no_per_op_timeout():
 
 def test_check_fetches_finds_a_partial_fetch_before_running():
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(3), transport="collective")
+        reducer = CrossTowerReducer(helpers.cpu_devices(3), transport="collective")
         inputs = [tf.constant([float(i)]) for i in range(3)]
         outs = [reducer.sum(x, i, name="bn1") * 2.0 for i, x in enumerate(inputs)]
         with pytest.raises(PartialFetchError, match=r"run 1 of the 3 ops.*bn1_cross_tower_sum"):
@@ -315,7 +306,7 @@ def test_check_fetches_finds_a_partial_fetch_before_running():
         summed = outs[0].op.inputs[0]
         check_fetches(outs[0], feed_dict={summed: [1.0]})
         hook = CollectiveFetchCheckHook()
-        with session(graph, 3) as sess:
+        with helpers.cpu_session(graph, 3) as sess:
             monitored = tf.compat.v1.train.MonitoredSession(
                 session_creator=_ExistingSession(sess), hooks=[hook]
             )
@@ -407,13 +398,13 @@ def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
 
     unused = tf.Graph()
     with unused.as_default():
-        CrossTowerReducer(cpu_devices(2), transport="collective")  # a reducer that never reduced...
+        CrossTowerReducer(helpers.cpu_devices(2), transport="collective")  # a reducer that never reduced...
         foreign_collective()  # ...next to a collective that is not its own
     assert not has_towerlib_collectives(unused)
 
     used = tf.Graph()
     with used.as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), transport="collective")
+        reducer = CrossTowerReducer(helpers.cpu_devices(2), transport="collective")
         for i in range(2):
             with tf.device(f"/device:CPU:{i}"):
                 reducer.sum(tf.ones([2]), i, name="anything")
@@ -428,7 +419,7 @@ def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
 
 def test_gather_and_gather_unordered_do_not_pair_with_each_other():
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(helpers.cpu_devices(2))
         reducer.gather(tf.ones([3]), 0, name="rows")
         with pytest.raises(CollectiveMismatchError, match="gather_unordered 'rows'"):
             reducer.gather_unordered(tf.ones([3]), 1, name="rows")

@@ -9,16 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import helpers
 from towerlib.collective import CollectiveMismatchError, CrossTowerReducer, check_fetches
-
-
-def cpu_devices(n):
-    return [f"/device:CPU:{i}" for i in range(n)]
-
-
-def session(graph, n):
-    config = tf.compat.v1.ConfigProto(device_count={"CPU": n})
-    return tf.compat.v1.Session(graph=graph, config=config)
 
 
 def hub_ops(graph):
@@ -28,7 +20,7 @@ def hub_ops(graph):
 
 def test_cpu_towers_default_to_one_hub_op_per_call_on_the_first_device():
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(3))
+        reducer = CrossTowerReducer(helpers.cpu_devices(3))
         outs = []
         for i in range(3):
             with tf.device(f"/device:CPU:{i}"):
@@ -48,8 +40,8 @@ def test_cpu_towers_default_to_one_hub_op_per_call_on_the_first_device():
             # Every slot holds its tower's tensor: no placeholder is left.
             slots = hub.inputs[:3]
             assert [t.op.type for t in slots].count("Placeholder") == 0
-            assert [t.device for t in slots] == cpu_devices(3)
-        with session(graph, 3) as sess:
+            assert [t.device for t in slots] == helpers.cpu_devices(3)
+        with helpers.cpu_session(graph, 3) as sess:
             got = sess.run(outs)
     for total, rows in got:
         np.testing.assert_array_equal(total, [6.0] * 4)
@@ -59,22 +51,22 @@ def test_cpu_towers_default_to_one_hub_op_per_call_on_the_first_device():
 def test_fetching_one_tower_runs_every_towers_half():
     """A graph edge cannot wait for a tower that is not run: the run pulls it."""
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(3))
+        reducer = CrossTowerReducer(helpers.cpu_devices(3))
         outs = [reducer.sum(tf.constant([float(i)]), i, name="bn1") * 2.0 for i in range(3)]
         check_fetches(outs[0])  # no collective, nothing to refuse
-        with session(graph, 3) as sess:
+        with helpers.cpu_session(graph, 3) as sess:
             np.testing.assert_array_equal(sess.run(outs[0]), [6.0])
 
 
 def test_a_tower_that_skips_a_call_fails_at_build_time_and_by_name_at_run_time():
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(helpers.cpu_devices(2))
         first = reducer.sum(tf.ones([2]), 0, name="bn1")
         reducer.sum(tf.ones([2]), 0, name="bn2")
         reducer.sum(tf.ones([2]), 1, name="bn1")  # tower 1 never calls bn2
         with pytest.raises(CollectiveMismatchError, match="Tower 1 never made reduction #1"):
             reducer.check_consistent()
-        with session(graph, 2) as sess:
+        with helpers.cpu_session(graph, 2) as sess:
             np.testing.assert_array_equal(sess.run(first), [2.0, 2.0])
             second = hub_ops(graph)[1].outputs[0]
             with pytest.raises(tf.errors.InvalidArgumentError, match="awaiting_tower_1"):
@@ -85,7 +77,7 @@ def test_the_hub_takes_nothing_from_the_calling_towers_context():
     """Tower 0's control dependencies and tf.gradients' colocation are its
     own; a hub that inherited them would tie every tower to tower 0's ops."""
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(helpers.cpu_devices(2))
         barrier = tf.no_op(name="tower0_barrier")
         with tf.device("/device:CPU:1"):
             anchor = tf.ones([2], name="anchor")
@@ -106,7 +98,7 @@ def test_the_exchange_is_a_wall_for_autodiff_like_a_collective():
     demand a `variables` argument of the gradient function if it did).
     """
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(helpers.cpu_devices(2))
         weight = tf.compat.v1.get_variable(
             "w", initializer=tf.ones([2]), use_resource=True)
         reducer.gather_unordered(weight * 3.0, 0, name="rows")
@@ -149,7 +141,7 @@ def test_the_hub_keeps_the_job_and_task_an_enclosing_scope_gives_bare_devices():
     job and task (in a cluster it could land on another task)."""
     with tf.Graph().as_default() as graph:
         with tf.device("/job:worker/replica:0/task:1"):
-            reducer = CrossTowerReducer(cpu_devices(2))
+            reducer = CrossTowerReducer(helpers.cpu_devices(2))
             for i in range(2):
                 with tf.device(f"/device:CPU:{i}"):
                     reducer.sum(tf.ones([2]), i, name="bn1")
@@ -161,4 +153,4 @@ def test_the_hub_keeps_the_job_and_task_an_enclosing_scope_gives_bare_devices():
 def test_collective_only_arguments_are_refused_with_the_graph_transport():
     with tf.Graph().as_default():
         with pytest.raises(ValueError, match="pass transport='collective' with it"):
-            CrossTowerReducer(cpu_devices(2), group_key=12345)
+            CrossTowerReducer(helpers.cpu_devices(2), group_key=12345)

@@ -7,7 +7,6 @@ same weights, set by variable name from numpy.
 """
 
 import functools
-import os
 import textwrap
 import time
 
@@ -25,16 +24,9 @@ from towerlib.collective import (
     check_fetches,
 )
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NUM_CLASSES = 3
 # Far from the default 0.99 so that 5 steps move the moving statistics a lot:
 # a wrong statistic cannot hide behind a slow average.
 BN_MOMENTUM = 0.5
-STEPS = 5
-
-
-def cpu_devices(n):
-    return [f"/device:CPU:{i}" for i in range(n)]
 
 
 def plain_tf_batch_norm(x, ctx, name):
@@ -74,45 +66,10 @@ def conv_dense_model(inputs, ctx, batch_norm=towerlib_batch_norm, extra_batch_no
     if extra_batch_norm_in_tower is not None and (ctx.index == extra_batch_norm_in_tower):
         with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
             h = batch_norm(h, ctx, "bn_fc1")  # reuses the layer: no new variable
-    logits = layers.dense(h, NUM_CLASSES, name="logits")
+    logits = layers.dense(h, helpers.NUM_CLASSES, name="logits")
     return tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     )
-
-
-def batches(global_batch, steps=STEPS, seed=0, offset=0.0):
-    rng = np.random.RandomState(seed)
-    return [
-        (
-            (offset + rng.randn(global_batch, 6, 6, 2)).astype(np.float32),
-            rng.randint(0, NUM_CLASSES, global_batch).astype(np.int32),
-        )
-        for _ in range(steps)
-    ]
-
-
-def initial_values(variables, seed=123):
-    """Starting weights by name; batch-norm variables keep their initializers."""
-    values = {}
-    for index, var in enumerate(sorted(variables, key=lambda v: v.op.name)):
-        if var.op.name.split("/")[-1] in ("weights", "biases"):
-            rng = np.random.RandomState(seed + index)
-            values[var.op.name] = (0.3 * rng.randn(*var.shape.as_list())).astype(np.float32)
-    return values
-
-
-def model_variables():
-    return [
-        v
-        for v in tf.compat.v1.global_variables()
-        if "global_step" not in v.op.name and "Momentum" not in v.op.name
-    ]
-
-
-def make_optimizer(kind):
-    if kind == "sgd":
-        return tf.compat.v1.train.GradientDescentOptimizer(0.1)
-    return tf.compat.v1.train.MomentumOptimizer(0.1, momentum=0.9)
 
 
 def dense_model(inputs, ctx, batch_norm=towerlib_batch_norm):
@@ -120,7 +77,7 @@ def dense_model(inputs, ctx, batch_norm=towerlib_batch_norm):
     images, labels = inputs
     h = layers.dense(layers.flatten(images), 8, name="fc1", use_bias=False)
     h = tf.nn.relu(batch_norm(h, ctx, "bn_fc1"))
-    logits = layers.dense(h, NUM_CLASSES, name="logits")
+    logits = layers.dense(h, helpers.NUM_CLASSES, name="logits")
     return tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
     )
@@ -136,20 +93,14 @@ def train_reference(data, optimizer_kind, model=conv_dense_model):
         with tf.control_dependencies(
             tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
         ):
-            train_op = make_optimizer(optimizer_kind).minimize(loss)
-        variables = model_variables()
+            train_op = helpers.make_optimizer(optimizer_kind).minimize(loss)
+        variables = helpers.model_variables()
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for var, value in _assignments(variables):
-                var.load(value, sess)
+            helpers.load_values(sess, variables, helpers.initial_values_for(variables))
             for image_batch, label_batch in data:
                 sess.run(train_op, {images: image_batch, labels: label_batch})
             return {v.op.name: sess.run(v) for v in variables}
-
-
-def _assignments(variables):
-    values = initial_values(variables)
-    return [(v, values[v.op.name]) for v in variables if v.op.name in values]
 
 
 def train_towerlib(
@@ -182,27 +133,21 @@ def train_towerlib(
         train = towerlib.build_train_graph(
             model,
             inputs,
-            make_optimizer(optimizer_kind),
-            devices=devices or cpu_devices(num_towers),
+            helpers.make_optimizer(optimizer_kind),
+            devices=devices or helpers.cpu_devices(num_towers),
             bn_mode=bn_mode,
             param_device=param_device,
             sync_timeout_seconds=60,
             sync_transport=transport,
             summaries=False,
         )
-        variables = model_variables()
+        variables = helpers.model_variables()
         with tf.compat.v1.Session(config=towerlib.session_config(num_towers)) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
-            for var, value in _assignments(variables):
-                var.load(value, sess)
+            helpers.load_values(sess, variables, helpers.initial_values_for(variables))
             for image_batch, label_batch in data:
                 sess.run(train.train_op, {images: image_batch, labels: label_batch})
             return {v.op.name: sess.run(v) for v in variables}
-
-
-def max_abs_difference(got, want):
-    assert sorted(got) == sorted(want)
-    return max(float(np.max(np.abs(got[k] - want[k]))) for k in want)
 
 
 @pytest.mark.parametrize("transport", ["graph", "collective"])
@@ -217,29 +162,29 @@ def max_abs_difference(got, want):
 def test_sync_training_matches_one_device_on_the_global_batch(
     num_towers, global_batch, optimizer_kind, transport
 ):
-    data = batches(global_batch, seed=num_towers)
+    data = helpers.image_batches(global_batch, seed=num_towers)
     want = train_reference(data, optimizer_kind)
     got = train_towerlib(data, num_towers, optimizer_kind, transport=transport)
     assert any(k.endswith("bn_conv1/moving_variance") for k in got)
     assert any(k.endswith("bn_fc1/gamma") for k in got)
-    assert max_abs_difference(got, want) <= 1e-5
+    assert helpers.max_abs_difference(got, want) <= 1e-5
 
 
 def test_per_tower_statistics_would_fail_the_same_comparison():
     """The comparison above has teeth: shard statistics are measurably off."""
-    data = batches(16, seed=2)
+    data = helpers.image_batches(16, seed=2)
     want = train_reference(data, "sgd")
     got = train_towerlib(data, 2, "sgd", bn_mode="all_towers")
-    assert max_abs_difference(got, want) > 1e-3
+    assert helpers.max_abs_difference(got, want) > 1e-3
 
 
 @pytest.mark.parametrize("param_device,transport", [("gpu", "graph"), ("cpu", "collective")])
 def test_sync_with_input_function_unequal_shards_and_param_device(param_device, transport):
-    data = batches(15, seed=5)
+    data = helpers.image_batches(15, seed=5)
     want = train_reference(data, "momentum")
     got = train_towerlib(data, 3, "momentum", param_device=param_device, shard_sizes=[8, 3, 4],
                          transport=transport)
-    assert max_abs_difference(got, want) <= 1e-5
+    assert helpers.max_abs_difference(got, want) <= 1e-5
 
 
 @pytest.mark.parametrize("transport", ["graph", "collective"])
@@ -251,19 +196,19 @@ def test_an_empty_shard_weighs_nothing(transport):
     the input's channel count ([0, 6, 6, 2] for 4 filters), which no batch
     norm can fix.
     """
-    data = batches(10, seed=11)
+    data = helpers.image_batches(10, seed=11)
     want = train_reference(data, "sgd", model=dense_model)
     got = train_towerlib(data, 3, "sgd", shard_sizes=[6, 0, 4], model=dense_model,
                          transport=transport)
-    assert max_abs_difference(got, want) <= 1e-5
+    assert helpers.max_abs_difference(got, want) <= 1e-5
 
 
 @pytest.mark.parametrize("transport", ["graph", "collective"])
 def test_sync_with_a_batch_size_known_only_at_run_time(transport):
-    data = batches(17, seed=9)  # 6 + 6 + 5 after the run-time split
+    data = helpers.image_batches(17, seed=9)  # 6 + 6 + 5 after the run-time split
     want = train_reference(data, "momentum")
     got = train_towerlib(data, 3, "momentum", dynamic_batch=True, transport=transport)
-    assert max_abs_difference(got, want) <= 1e-5
+    assert helpers.max_abs_difference(got, want) <= 1e-5
 
 
 @pytest.mark.parametrize("transport", ["graph", "collective"])
@@ -274,12 +219,12 @@ def test_sync_is_exact_when_tower_order_differs_from_device_order(transport):
     by tower index would normalize with, and differentiate through, another
     tower's pivot.
     """
-    data = batches(15, seed=8)
+    data = helpers.image_batches(15, seed=8)
     want = train_reference(data, "sgd")
     got = train_towerlib(
         data, 3, "sgd", shard_sizes=[6, 2, 7],
         devices=["/device:CPU:2", "/device:CPU:0", "/device:CPU:1"], transport=transport)
-    assert max_abs_difference(got, want) <= 1e-5
+    assert helpers.max_abs_difference(got, want) <= 1e-5
 
 
 @pytest.mark.parametrize("transport", ["graph", "collective"])
@@ -293,7 +238,7 @@ def test_large_mean_small_spread_keeps_an_accurate_variance(num_towers, shard_si
     x = (1e4 + scales * rng.randn(sum(shard_sizes), 5, 3)).astype(np.float32)
     starts = np.cumsum([0] + shard_sizes)
     with tf.Graph().as_default():
-        devices = cpu_devices(num_towers)
+        devices = helpers.cpu_devices(num_towers)
         reducer = CrossTowerReducer(devices, timeout_seconds=30, transport=transport)
 
         def forward(_, ctx):
@@ -348,7 +293,7 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis, tran
     starts = np.cumsum([0, *shard_sizes])
     channel_axis = axis % len(shape)
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(2), transport=transport)
+        reducer = CrossTowerReducer(helpers.cpu_devices(2), transport=transport)
 
         def forward(_, ctx):
             shard = tf.constant(x[starts[ctx.index] : starts[ctx.index + 1]])
@@ -357,7 +302,7 @@ def test_sync_statistics_for_half_precision_and_channels_first(dtype, axis, tran
         towers, records = towerlib.build_towers(
             forward,
             lambda ctx: tf.zeros([shard_sizes[ctx.index]]),
-            devices=cpu_devices(2),
+            devices=helpers.cpu_devices(2),
             is_training=True,
             bn_mode="sync",
             cross_tower=reducer,
@@ -421,7 +366,7 @@ def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(
     reduce_axes = [a for a in range(len(shape)) if a != channel_axis]
 
     with tf.Graph().as_default():
-        reducer = CrossTowerReducer(cpu_devices(num_towers), transport=transport)
+        reducer = CrossTowerReducer(helpers.cpu_devices(num_towers), transport=transport)
         shards = [
             tf.constant(x[starts[t] : starts[t + 1]].astype(dtype)) for t in range(num_towers)
         ]
@@ -433,8 +378,9 @@ def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(
             return tf.reduce_sum(tf.cast(y, tf.float64) * shard_weights)
 
         towers, _ = towerlib.build_towers(
-            forward, lambda ctx: tf.zeros([shard_sizes[ctx.index]]), devices=cpu_devices(num_towers),
-            is_training=True, bn_mode="sync", cross_tower=reducer)
+            forward, lambda ctx: tf.zeros([shard_sizes[ctx.index]]),
+            devices=helpers.cpu_devices(num_towers), is_training=True, bn_mode="sync",
+            cross_tower=reducer)
         params = tf.compat.v1.trainable_variables()
         grads = [
             tf.gradients(tower.loss, [shards[t]] + params) for t, tower in enumerate(towers)
@@ -471,17 +417,9 @@ def test_sync_gradients_match_one_device_for_inputs_gamma_and_beta(
         np.testing.assert_allclose(got_param, want[1 + i].reshape(-1), rtol=param_rtol)
 
 
-def build_sync_on_two_towers(**options):
-    """The conv+dense model with sync batch norm on 2 towers, one batch of 8."""
-    data = batches(8, steps=1)[0]
-    return towerlib.build_train_graph(
-        conv_dense_model,
-        tuple(tf.constant(t) for t in data),
-        tf.compat.v1.train.GradientDescentOptimizer(0.1),
-        devices=cpu_devices(2),
-        bn_mode="sync",
-        **options,
-    )
+# This module's conv+dense model with sync batch norm on 2 CPU towers, one batch of 8.
+build_sync_on_two_towers = functools.partial(
+    helpers.build_on_image_batch, 2, conv_dense_model, bn_mode="sync")
 
 
 def _exchange_ops(graph):
@@ -493,7 +431,7 @@ def _exchange_ops(graph):
 @pytest.mark.parametrize("transport", ["graph", "collective"])
 def test_inference_uses_moving_statistics_without_collectives_on_one_tower(transport):
     with tf.Graph().as_default() as graph:
-        data = batches(8, steps=1)[0]
+        data = helpers.image_batch(8)
         train = build_sync_on_two_towers(summaries=False, sync_transport=transport)
         collectives_before = _exchange_ops(graph)
         assert collectives_before  # the training graph has them
@@ -538,14 +476,14 @@ def test_inference_uses_moving_statistics_without_collectives_on_one_tower(trans
 def test_towers_calling_batch_norm_differently_fail_at_build_time(extra_in_tower):
     start = time.time()
     with tf.Graph().as_default():
-        data = batches(8, steps=1)[0]
+        data = helpers.image_batch(8)
         model = functools.partial(conv_dense_model, extra_batch_norm_in_tower=extra_in_tower)
         with pytest.raises(CollectiveMismatchError) as raised:
             towerlib.build_train_graph(
                 model,
                 tuple(tf.constant(t) for t in data),
                 tf.compat.v1.train.GradientDescentOptimizer(0.1),
-                devices=cpu_devices(2),
+                devices=helpers.cpu_devices(2),
                 bn_mode="sync",
             )
     message = str(raised.value)
@@ -561,8 +499,8 @@ def test_sync_training_without_a_reducer_is_a_clear_error():
         with pytest.raises(ValueError, match="no cross-tower reducer"):
             towerlib.build_towers(
                 conv_dense_model,
-                tuple(tf.constant(t) for t in batches(4, 1)[0]),
-                devices=cpu_devices(2),
+                tuple(tf.constant(t) for t in helpers.image_batch(4)),
+                devices=helpers.cpu_devices(2),
                 is_training=True,
                 bn_mode="sync",
             )
@@ -583,9 +521,10 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
     from towerlib.collective import (CollectiveTimeoutError,
                                      bounded_session_config,
                                      explain_collective_errors)
-    from tests.test_sync_batch_norm import batches, conv_dense_model, cpu_devices
+    from tests.helpers import cpu_devices, image_batch
+    from tests.test_sync_batch_norm import conv_dense_model
     with tf.Graph().as_default():
-      data = batches(8, steps=1)[0]
+      data = image_batch(8)
       train = towerlib.build_train_graph(
           conv_dense_model, tuple(tf.constant(t) for t in data),
           tf.compat.v1.train.GradientDescentOptimizer(0.1),
@@ -643,7 +582,7 @@ def test_variance_is_exact_when_a_shards_first_value_is_far_from_the_rest():
     with tf.Graph().as_default():
         train = towerlib.build_train_graph(
             model, tf.constant(images), tf.compat.v1.train.GradientDescentOptimizer(0.0),
-            devices=cpu_devices(2), bn_mode="sync")
+            devices=helpers.cpu_devices(2), bn_mode="sync")
         variance = [v for v in tf.compat.v1.global_variables()
                     if v.op.name == "bn/moving_variance"][0]
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
@@ -663,7 +602,7 @@ def test_backward_keeps_no_float32_copy_of_half_precision_activations(dtype):
     reads. For float16 inputs that is the float16 input itself (x - hi is
     recomputed), not the float32 x - hi, which would double the memory."""
     with tf.Graph().as_default() as graph:
-        reducer = CrossTowerReducer(cpu_devices(2))
+        reducer = CrossTowerReducer(helpers.cpu_devices(2))
         shards = [tf.ones([2, 3, 3, 4], dtype) * (i + 1) for i in range(2)]
 
         def forward(_, ctx):
@@ -671,7 +610,7 @@ def test_backward_keeps_no_float32_copy_of_half_precision_activations(dtype):
             return tf.reduce_sum(tf.cast(y, tf.float32))
 
         towers, _ = towerlib.build_towers(
-            forward, lambda ctx: tf.zeros([2]), devices=cpu_devices(2),
+            forward, lambda ctx: tf.zeros([2]), devices=helpers.cpu_devices(2),
             is_training=True, bn_mode="sync", cross_tower=reducer)
         for tower, shard in zip(towers, shards):
             tf.gradients(tower.loss, [shard])
