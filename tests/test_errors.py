@@ -1,5 +1,7 @@
 """Bad input is refused early, with a message naming the problem and the fix."""
 
+import functools
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,12 +10,9 @@ import towerlib
 from tests import helpers
 
 
-def build(tower_fn=helpers.conv_dense_model, inputs=None, **kwargs):
-    kwargs.setdefault("devices", helpers.cpu_devices(2))
-    if inputs is None:
-        inputs = tuple(tf.constant(x) for x in helpers.image_batch(8))
-    return towerlib.build_train_graph(
-        tower_fn, inputs, tf.compat.v1.train.GradientDescentOptimizer(0.1), **kwargs)
+# The conv+dense model on 2 CPU towers, plain SGD; a test passes what it gets wrong.
+build = functools.partial(
+    helpers.build_on_image_batch, num_cpu_towers=2, tower_fn=helpers.conv_dense_model)
 
 
 @pytest.fixture(autouse=True)

@@ -4,19 +4,18 @@ Nothing here runs a session: it verifies that every op is pinned where a
 multi-GPU machine needs it, so correctness does not rest on CPU-only runs.
 """
 
+import functools
+
 import tensorflow as tf
 
-import towerlib
 from tests import helpers
 
 GPUS = ["/device:GPU:0", "/device:GPU:1"]
 
 
-def build_on(devices, param_device="cpu"):
-    batch = tuple(tf.constant(x) for x in helpers.image_batch(8))
-    return towerlib.build_train_graph(
-        helpers.conv_bn_model, batch, tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-        devices=devices, param_device=param_device, bn_mode="all_towers")
+# build_on(devices=...): the conv+bn model with per-tower statistics, with momentum.
+build_on = functools.partial(
+    helpers.build_on_image_batch, optimizer_kind="momentum", bn_mode="all_towers")
 
 
 def ops_named(graph, prefix):
@@ -26,7 +25,7 @@ def ops_named(graph, prefix):
 def test_tower_compute_on_its_gpu_and_variables_on_the_host_cpu():
     graph = tf.Graph()
     with graph.as_default():
-        train = build_on(GPUS)
+        train = build_on(devices=GPUS)
         for index, device in enumerate(GPUS):
             convolutions = [op for op in ops_named(graph, f"tower_{index}/")
                             if op.type == "Conv2D"]
@@ -48,7 +47,7 @@ def test_tower_compute_on_its_gpu_and_variables_on_the_host_cpu():
 
 def test_gpu_parameter_device_spreads_variables_over_the_gpus():
     with tf.Graph().as_default():
-        build_on(GPUS, param_device="gpu")
+        build_on(devices=GPUS, param_device="gpu")
         devices = {v.device for v in tf.compat.v1.trainable_variables()}
         assert devices == set(GPUS)
 
@@ -57,7 +56,7 @@ def test_remote_worker_devices_keep_their_job_and_task():
     worker_gpus = [f"/job:worker/task:1/device:GPU:{i}" for i in range(2)]
     graph = tf.Graph()
     with graph.as_default():
-        build_on(worker_gpus)
+        build_on(devices=worker_gpus)
         for var in tf.compat.v1.global_variables():
             assert var.device == "/job:worker/task:1/device:CPU:0", var
         convolutions = [op for op in ops_named(graph, "tower_1/") if op.type == "Conv2D"]
@@ -72,7 +71,5 @@ def test_an_inner_device_scope_in_the_tower_function_wins():
 
     graph = tf.Graph()
     with graph.as_default():
-        towerlib.build_train_graph(
-            model, tuple(tf.constant(x) for x in helpers.image_batch(8)),
-            tf.compat.v1.train.GradientDescentOptimizer(0.1), devices=GPUS)
+        helpers.build_on_image_batch(tower_fn=model, devices=GPUS)
         assert graph.get_operation_by_name("tower_1/on_host").device == "/device:CPU:0"

@@ -1,6 +1,7 @@
 """Graph structure: one copy of each variable, placement, regularization once,
 None gradients, EMA, summaries, the training loop (invariants 2-4)."""
 
+import functools
 import logging
 import os
 
@@ -13,12 +14,8 @@ from towerlib import layers
 from tests import helpers
 
 
-def build(num_towers, tower_fn=helpers.conv_bn_model, batch_size=8, **kwargs):
-    batch = helpers.image_batch(batch_size)
-    return towerlib.build_train_graph(
-        tower_fn, tuple(tf.constant(x) for x in batch),
-        tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-        devices=helpers.cpu_devices(num_towers), **kwargs)
+# build(num_towers, ...): the conv+bn model on that many CPU towers, with momentum.
+build = functools.partial(helpers.build_on_image_batch, optimizer_kind="momentum")
 
 
 def variable_names_for(num_towers, bn_mode):
