@@ -29,27 +29,33 @@ variables go, `sync_replicas` builds the synchronous step, `runtime` runs it
 to a clean end on every task.
 """
 
+from towerlib.cluster.placement import (
+    ParameterServerPlacer,
+    session_config,
+    start_server,
+    tower_devices,
+)
+from towerlib.cluster.runtime import (
+    ControlSession,
+    run_distributed_training,
+    run_parameter_server,
+    wait_for_ps_tasks,
+)
 from towerlib.cluster.spec import (
     CHIEF_JOB,
     KNOWN_JOBS,
     PS_JOB,
     WORKER_JOB,
     ClusterInfo,
-    ControlSession,
-    ParameterServerPlacer,
+    cluster_from_flags,
+    cluster_from_tf_config,
+    parse_host_list,
+    resolve_cluster,
+)
+from towerlib.cluster.sync_replicas import (
     SyncReplicasInitHook,
     SyncReplicasTowerOptimizer,
     SyncTrainGraph,
     build_sync_train_graph,
     check_bn_mode_for_cluster,
-    cluster_from_flags,
-    cluster_from_tf_config,
-    parse_host_list,
-    resolve_cluster,
-    run_distributed_training,
-    run_parameter_server,
-    session_config,
-    start_server,
-    tower_devices,
-    wait_for_ps_tasks,
 )

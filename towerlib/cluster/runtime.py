@@ -1,0 +1,222 @@
+"""Running a cluster to a clean end: every task starts, trains and exits on its own.
+
+Replicas wait for the ps tasks and for the chief's initialization, train,
+then tell the ps tasks they are done; a ps task exits once every replica has
+reported done (`run_parameter_server`), instead of blocking in server.join()
+forever.
+"""
+
+import logging
+import socket
+import time
+
+import tensorflow as tf
+
+from towerlib import trainer as trainer_lib
+from towerlib.cluster.placement import start_server
+from towerlib.cluster.spec import PS_JOB
+
+logger = logging.getLogger("towerlib")
+
+# The queue each ps task waits on until every replica reports it is done.
+_DONE_QUEUE_NAME = "towerlib_replicas_done"
+
+
+def _done_queue(ps_task, capacity=1024):
+    """The queue on ps task `ps_task` that replicas put their index in when done."""
+    with tf.device(f"/job:{PS_JOB}/task:{ps_task}/device:CPU:0"):
+        return tf.queue.FIFOQueue(capacity, [tf.int32], shapes=[[]],
+                                  shared_name=f"{_DONE_QUEUE_NAME}_{ps_task}",
+                                  name=f"{_DONE_QUEUE_NAME}_{ps_task}")
+
+
+def wait_for_ps_tasks(cluster, timeout_secs=600.0, poll_secs=0.5):
+    """Blocks until every ps task accepts TCP connections on its port.
+
+    TensorFlow's session creation waits for unreachable tasks forever (no
+    RunOptions or ConfigProto timeout reaches it), so replicas check first.
+
+    Raises:
+      TimeoutError: naming the ps tasks still unreachable after timeout_secs.
+    """
+    deadline = time.time() + timeout_secs
+    waiting = dict(enumerate(cluster.jobs[PS_JOB]))
+    while True:
+        for index, address in list(waiting.items()):
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)),
+                                              timeout=max(poll_secs, 0.1)):
+                    del waiting[index]
+            except OSError:
+                pass
+        if not waiting:
+            return
+        if time.time() > deadline:
+            described = ", ".join(f"ps task {i} at {a}" for i, a in waiting.items())
+            raise TimeoutError(
+                f"{described} did not answer within {timeout_secs:.0f} s. Start "
+                "it (--job_name=ps), or fix the ps addresses (--ps_hosts / TF_CONFIG).")
+        time.sleep(poll_secs)
+
+
+class ControlSession:
+    """A small session of one replica beside its training session.
+
+    Opened (and used once) before training, it waits for the chief's
+    initialization and, after training, tells the ps tasks this replica is
+    done. It is never opened after the training session has closed: a new
+    gRPC session created right then crashed the chief once (a segfault inside
+    TensorFlow). Build it before the training session finalizes the graph.
+
+    Args:
+      cluster: this replica's ClusterInfo.
+      target: its server's target.
+      config: its session config (sync_graph.session_config).
+    """
+
+    def __init__(self, cluster, target, config):
+        self.cluster = cluster
+        with tf.name_scope("control"):
+            self._uninitialized = tf.compat.v1.report_uninitialized_variables(
+                tf.compat.v1.global_variables())
+            with tf.control_dependencies(None):
+                self._report_done = tf.group(*[
+                    _done_queue(i).enqueue(cluster.replica_index)
+                    for i in range(cluster.num_ps)])
+        self._session = tf.compat.v1.Session(target, config=config)
+
+    def uninitialized_variables(self, timeout_secs=10.0):
+        """Names of the global variables nobody has initialized yet."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+        return self._session.run(self._uninitialized, options=options)
+
+    def wait_for_chief(self, timeout_secs=600.0, poll_secs=0.5):
+        """Blocks until the chief has initialized (or restored) every global variable.
+
+        MonitoredTrainingSession makes a non-chief wait too, but polls every
+        30 s; this polls every `poll_secs`.
+
+        Raises:
+          TimeoutError: when the chief has not initialized within timeout_secs.
+        """
+        deadline = time.time() + timeout_secs
+        while True:
+            try:
+                if not len(self.uninitialized_variables()):
+                    return
+            except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+                    tf.errors.AbortedError):
+                pass
+            if time.time() > deadline:
+                raise TimeoutError(
+                    f"The chief has not initialized the model after {timeout_secs:.0f} s. "
+                    "Is the chief running, and can this task reach every ps task?")
+            time.sleep(poll_secs)
+
+    def report_done(self, timeout_secs=60.0):
+        """Tells every ps task this replica has finished (see run_parameter_server)."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+        try:
+            self._session.run(self._report_done, options=options)
+        except tf.errors.OpError as error:
+            logger.warning("Could not tell the ps tasks that replica %d is done (%s); "
+                           "stop them by hand.", self.cluster.replica_index,
+                           error.message)
+
+    def close(self):
+        self._session.close()
+
+
+def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=(),
+                             startup_timeout_secs=600.0, report_done=True,
+                             **run_kwargs):
+    """Runs this replica's training until global_step reaches max_steps.
+
+    The chief initializes or restores from the latest checkpoint in train_dir,
+    and alone writes checkpoints and summaries there (train_dir must be on a
+    file system every ps task can write: the checkpoint is sharded per ps).
+    Other replicas wait for it, then join; a restarted replica rejoins the same
+    way. When training has ended normally, final checkpoint included, each
+    replica tells the ps tasks it is done (`report_done`), so that
+    `run_parameter_server` can return.
+
+    Args:
+      sync_graph: from build_sync_train_graph.
+      server: this task's server (start_server).
+      train_dir, max_steps, hooks, **run_kwargs: as for towerlib.run_training.
+      startup_timeout_secs: how long to wait for the ps tasks to answer and,
+        on a non-chief, for the chief to initialize; then TimeoutError.
+      report_done: tell the ps tasks when done.
+
+    Returns:
+      What towerlib.run_training returns: (global_step, loss) after the last
+      step this replica ran.
+    """
+    cluster = sync_graph.cluster
+    with sync_graph.train_graph.train_op.graph.as_default():
+        control = ControlSession(cluster, server.target, sync_graph.session_config)
+    try:
+        started = time.time()
+        wait_for_ps_tasks(cluster, startup_timeout_secs)
+        if cluster.is_chief:
+            try:
+                control.uninitialized_variables()  # opens the session before training
+            except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError) as error:
+                logger.warning("The control session did not open before training "
+                               "(%s); it will when reporting done.", error.message)
+        else:
+            control.wait_for_chief(max(startup_timeout_secs - (time.time() - started), 1.0))
+        result = trainer_lib.run_training(
+            sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
+            hooks=list(sync_graph.hooks) + list(hooks),
+            session_config=sync_graph.session_config, master=server.target,
+            is_chief=cluster.is_chief, **run_kwargs)
+        if report_done:
+            control.report_done()
+        return result
+    finally:
+        control.close()
+
+
+def run_parameter_server(cluster, server=None, timeout_secs=None):
+    """Serves this ps task's variables until every replica reports done.
+
+    Unlike server.join(), this returns once each of the R replicas has
+    finished (run_distributed_training reports it), so the whole cluster
+    exits on its own. A replica that crashes and is restarted reports once,
+    when its new incarnation finishes.
+
+    Args:
+      cluster: a ps task's ClusterInfo.
+      server: its started server (default: start one).
+      timeout_secs: give up after this long (None: wait as long as it takes).
+
+    Raises:
+      TimeoutError: when the replicas have not all finished in timeout_secs.
+    """
+    if not cluster.is_ps:
+        raise ValueError(f"run_parameter_server runs on a ps task, not "
+                         f"{cluster.task_device}.")
+    server = server or start_server(cluster)
+    with tf.Graph().as_default():
+        dequeue = _done_queue(cluster.task_index).dequeue()
+        config = tf.compat.v1.ConfigProto(device_filters=[cluster.task_device])
+        options = tf.compat.v1.RunOptions(
+            timeout_in_ms=int(timeout_secs * 1000) if timeout_secs else 0)
+        deadline = time.time() + timeout_secs if timeout_secs else None
+        with tf.compat.v1.Session(server.target, config=config) as session:
+            for done in range(1, cluster.num_replicas + 1):
+                if deadline is not None:
+                    remaining = deadline - time.time()
+                    options.timeout_in_ms = max(1, int(remaining * 1000))
+                try:
+                    replica = session.run(dequeue, options=options)
+                except tf.errors.DeadlineExceededError as error:
+                    raise TimeoutError(
+                        f"ps task {cluster.task_index}: only {done - 1} of "
+                        f"{cluster.num_replicas} replicas finished within "
+                        f"{timeout_secs} s.") from error
+                logger.info("ps task %d: replica %d done (%d of %d).",
+                            cluster.task_index, replica, done, cluster.num_replicas)
+    return server

@@ -1,0 +1,237 @@
+"""A replica's synchronous training step: R replicas, one update per global step.
+
+One global step works like this:
+
+    replica r: towers on /job:worker/task:r/device:CPU:i (or GPU:i)
+               -> its gradient g_r = sum_i (n_i / n_r) grad_i   (build_train_graph)
+               -> pushed into one ConditionalAccumulator per variable, on the
+                  variable's ps task, tagged with the replica's local step
+    chief:     takes the mean of the R pushed gradients, (1/R) sum_r g_r,
+               applies it once, global_step += 1, hands out R tokens
+    replicas:  wait for a token, then start the next step.
+
+That is `tf.compat.v1.train.SyncReplicasOptimizer` with
+replicas_to_aggregate = total_num_replicas = R. With equal replica batches
+n_r = B / R the update is sum_r (n_r / B) g_r, the mean gradient over the
+global batch of B examples: the same step one process would take with every
+tower. (Unequal replica batches weight each replica equally, not each
+example; see docs/distributed.md.)
+
+Three departures from the stock SyncReplicasOptimizer recipe, for exactness
+and a clean end (see `SyncReplicasTowerOptimizer`): the chief runs the
+aggregation inside its own training step instead of in a background
+queue-runner thread, no tokens are handed out before the first step, and the
+batch-norm updates stay off the synchronization ops. What that needs from
+the stock optimizer's internals is in towerlib.internals.sync_replicas.
+"""
+
+import dataclasses
+from typing import Any, Tuple
+
+import tensorflow as tf
+
+from towerlib import train_graph as train_graph_lib
+from towerlib.cluster import placement
+from towerlib.cluster.spec import ClusterInfo
+from towerlib.internals import sync_replicas as sync_internals
+
+
+class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
+    """SyncReplicasOptimizer over R replicas, fitted to towerlib's train step.
+
+    Each replica pushes its tower-aggregated gradient; the chief averages R of
+    them per variable (ConditionalAccumulator.take_grad divides the sum by the
+    number accumulated) and applies the mean once. Differences from the stock
+    optimizer and hook:
+
+    - The chief's own training step also runs the aggregation (take the mean,
+      apply, hand out the next tokens). The stock recipe runs it in a queue
+      runner thread, which is left blocked in take_grad after the last step,
+      so MonitoredTrainingSession's close waits out its 120 s grace period.
+    - No tokens are handed out before the first step (num_tokens=0). The stock
+      default gives R, which lets a fast replica push twice for step 0 and
+      fill the accumulator without the others.
+    - Control dependencies of the caller (build_train_graph puts the chosen
+      batch-norm updates there) go on this replica's step only, never on the
+      accumulators, the apply or the local-step initializer; otherwise the
+      initializers would also run a forward pass and a moving-average update.
+    - With `variable_averages`, the moving average of the weights is updated
+      once per global step, by the chief, after the apply.
+    """
+
+    def __init__(self, optimizer, num_replicas, is_chief, variable_averages=None):
+        super().__init__(optimizer, replicas_to_aggregate=num_replicas,
+                         total_num_replicas=num_replicas,
+                         variable_averages=variable_averages,
+                         variables_to_average=[] if variable_averages else None)
+        self.num_replicas = num_replicas
+        self.is_chief = is_chief
+        self.variable_averages = variable_averages
+        self.replica_step_op = None
+        self.aggregation_op = None
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        grads_and_vars = list(grads_and_vars)
+        caller_dependencies = tf.no_op(name="caller_control_dependencies").control_inputs
+        if self.variable_averages is not None:
+            sync_internals.set_variables_to_average(
+                self, [v for g, v in grads_and_vars if g is not None])
+        with tf.control_dependencies(None):
+            self.replica_step_op = super().apply_gradients(grads_and_vars, global_step, name)
+            self.aggregation_op = sync_internals.chief_aggregation_op(self)
+        # Run by SyncReplicasInitHook; marked so graphs built but never run stay quiet.
+        sync_internals.mark_ready_for_local_init_op_used(self)
+        parts = [self.replica_step_op]
+        if self.is_chief:
+            parts.append(self.aggregation_op)
+        with tf.control_dependencies(caller_dependencies):
+            return tf.group(*parts, name="sync_replicas_step")
+
+    def make_session_run_hook(self, is_chief=None, num_tokens=0):
+        """The SyncReplicasInitHook for this replica (built for chief or not)."""
+        if is_chief is not None and is_chief != self.is_chief:
+            raise ValueError(
+                f"This optimizer was built for a {'chief' if self.is_chief else 'non-chief'} "
+                "replica (the chief's step also aggregates); build the graph with "
+                "the right cluster instead of overriding is_chief.")
+        if num_tokens != 0:
+            raise ValueError(
+                "SyncReplicasTowerOptimizer hands out no tokens before the first "
+                "step (num_tokens=0); extra tokens let one replica push twice per "
+                "step.")
+        return SyncReplicasInitHook(self, self.is_chief)
+
+
+class SyncReplicasInitHook(tf.compat.v1.train.SessionRunHook):
+    """Initializes a replica's synchronization state when its session starts.
+
+    Every replica sets its local step to the global step; the chief also sets
+    each accumulator's step, so gradients computed on older weights are
+    dropped as stale. No queue-runner thread (see SyncReplicasTowerOptimizer).
+    """
+
+    def __init__(self, sync_optimizer, is_chief):
+        self._sync_optimizer = sync_optimizer
+        self._is_chief = is_chief
+
+    def begin(self):
+        if not sync_internals.gradients_applied(self._sync_optimizer):
+            raise ValueError("Build the train op (apply_gradients) before creating "
+                             "the session.")
+        self._local_init_op = (self._sync_optimizer.chief_init_op if self._is_chief
+                               else self._sync_optimizer.local_step_init_op)
+
+    def after_create_session(self, session, coord):
+        uninitialized = session.run(self._sync_optimizer.ready_for_local_init_op)
+        if len(uninitialized):
+            raise RuntimeError(
+                "Variables are still uninitialized after session creation: "
+                f"{[n.decode() for n in uninitialized][:5]}. The chief must "
+                "initialize (or restore) them before replicas start.")
+        session.run(self._local_init_op)
+
+
+@dataclasses.dataclass
+class SyncTrainGraph:
+    """A replica's training graph and what running it needs.
+
+    Attributes:
+      train_graph: the towerlib TrainGraph; its train_op is one synchronous
+        step (the chief's also aggregates and applies the global update).
+      optimizer: the SyncReplicasTowerOptimizer.
+      hooks: session hooks to run with it (the synchronization init hook).
+      cluster: the ClusterInfo it was built for.
+      session_config: the ConfigProto for this replica's sessions.
+      device_function: the ParameterServerPlacer used for the variables.
+    """
+
+    train_graph: train_graph_lib.TrainGraph
+    optimizer: SyncReplicasTowerOptimizer
+    hooks: Tuple[Any, ...]
+    cluster: ClusterInfo
+    session_config: Any
+    device_function: placement.ParameterServerPlacer
+
+
+def check_bn_mode_for_cluster(bn_mode, cluster):
+    """bn_mode='sync' all-reduces within one replica only, so it cannot span R > 1."""
+    if bn_mode == "sync" and cluster.num_replicas > 1:
+        raise ValueError(
+            f"bn_mode='sync' cannot span the {cluster.num_replicas} workers of this "
+            "cluster: its all-reduce runs among one worker's towers only, so each "
+            "worker would normalize with its own shard of the global batch, not "
+            "the whole batch. Use bn_mode='all_towers' (each worker normalizes per "
+            "tower and updates the moving statistics from its whole worker batch) "
+            "or 'first_tower'.")
+
+
+_RESERVED_BUILD_ARGS = ("devices", "param_device", "ema_decay", "num_towers")
+
+
+def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=None,
+                           device_type=None, bn_mode="first_tower", ema_decay=None,
+                           device_function=None, **build_kwargs):
+    """Builds this replica's synchronous training step.
+
+    Call it in every replica with the same model, optimizer and arguments;
+    `inputs` is this replica's own part of the global batch (say, rows
+    [r * B / R, (r + 1) * B / R) for replica r = cluster.replica_index).
+    Build the inputs (and the global step, if they read it) under
+    `tf.compat.v1.device(placer)` with `placer = ParameterServerPlacer(cluster)`
+    passed here as `device_function`, so that input ops run on this replica
+    and any variable lands on a ps task.
+
+    Args:
+      tower_fn, inputs: as for towerlib.build_train_graph.
+      optimizer: a tf.compat.v1.train.Optimizer (e.g. GradientDescentOptimizer);
+        it is wrapped here, do not wrap it in SyncReplicasOptimizer yourself.
+      cluster: this task's ClusterInfo (a replica, not a ps).
+      num_towers, device_type: this replica's towers, as for towerlib.tower_devices.
+      bn_mode: 'first_tower' or 'all_towers' (per replica; see docs/distributed.md).
+        'sync' raises when the cluster has more than one replica.
+      ema_decay: keep an ExponentialMovingAverage of the weights, updated once
+        per global step by the chief.
+      device_function: the ParameterServerPlacer the inputs were built under
+        (default: a new one).
+      **build_kwargs: other towerlib.build_train_graph arguments (learning_rate,
+        var_list, summaries, global_step).
+
+    Returns:
+      A SyncTrainGraph.
+    """
+    if cluster is None or cluster.is_ps:
+        raise ValueError(
+            "build_sync_train_graph runs on a training task (worker or chief); a ps "
+            "task only serves variables (run_parameter_server).")
+    check_bn_mode_for_cluster(bn_mode, cluster)
+    reserved = sorted(set(build_kwargs) & set(_RESERVED_BUILD_ARGS))
+    if reserved:
+        raise ValueError(f"{reserved} are set by build_sync_train_graph from the "
+                         "cluster; pass num_towers/device_type/ema_decay as its own "
+                         "arguments.")
+    if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+        raise TypeError("Pass the plain optimizer; build_sync_train_graph wraps it "
+                        "in SyncReplicasTowerOptimizer itself.")
+    placer = device_function or placement.ParameterServerPlacer(cluster)
+    devices = placement.tower_devices(cluster, num_towers, device_type)
+    with tf.compat.v1.device(placer):
+        global_step = build_kwargs.pop("global_step", None)
+        if global_step is None:
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+        ema = None
+        if ema_decay is not None:
+            train_graph_lib.check_ema_decay(ema_decay)
+            ema = tf.compat.v1.train.ExponentialMovingAverage(
+                ema_decay, num_updates=global_step)
+        sync_optimizer = SyncReplicasTowerOptimizer(
+            optimizer, cluster.num_replicas, cluster.is_chief, variable_averages=ema)
+        train_graph = train_graph_lib.build_train_graph(
+            tower_fn, inputs, sync_optimizer, devices=devices, bn_mode=bn_mode,
+            param_device=placer, global_step=global_step, **build_kwargs)
+    if ema is not None:
+        train_graph = dataclasses.replace(train_graph, ema=ema)
+    return SyncTrainGraph(
+        train_graph=train_graph, optimizer=sync_optimizer,
+        hooks=(sync_optimizer.make_session_run_hook(),), cluster=cluster,
+        session_config=placement.session_config(cluster, len(devices)),
+        device_function=placer)
