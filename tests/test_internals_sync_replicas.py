@@ -20,7 +20,8 @@ LEARNING_RATE = 0.1
 
 def broken(change, function, consequence):
     pytest.fail(f"TensorFlow {tf.__version__} {change}, which "
-                f"towerlib.internals.sync_replicas.{function} relies on: {consequence}")
+                f"towerlib.internals.sync_replicas.{function} relies on: {consequence}",
+                pytrace=False)
 
 
 def stock_optimizer(num_replicas=2, moving_average=False):
