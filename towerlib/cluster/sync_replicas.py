@@ -30,6 +30,7 @@ from typing import Any, Tuple
 
 import tensorflow as tf
 
+from towerlib import guards
 from towerlib import train_graph as train_graph_lib
 from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo
@@ -230,6 +231,9 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             param_device=placer, global_step=global_step, **build_kwargs)
     if ema is not None:
         train_graph = dataclasses.replace(train_graph, ema=ema)
+    # The guard, if any, sits inside the sync wrapper, out of build_train_graph's sight.
+    train_graph = dataclasses.replace(
+        train_graph, numerics_guards=tuple(guards.guards_in(optimizer)))
     return SyncTrainGraph(
         train_graph=train_graph, optimizer=sync_optimizer,
         hooks=(sync_optimizer.make_session_run_hook(),), cluster=cluster,

@@ -1,0 +1,42 @@
+"""The NaN guard travels on TrainGraph (no registry), also through sync replicas."""
+
+import numpy as np
+import tensorflow as tf
+
+import towerlib
+from towerlib import cluster as cluster_lib
+from towerlib import layers
+
+
+def _tower(inputs, ctx):
+    del ctx
+    return tf.reduce_mean(tf.square(layers.dense(inputs, 1, name="fc")))
+
+
+def _batch():
+    return tf.constant(np.ones([4, 3], np.float32))
+
+
+def test_build_train_graph_records_the_guard_it_was_given():
+    with tf.Graph().as_default():
+        guard = towerlib.guard_numerics(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        guarded = towerlib.build_train_graph(_tower, _batch(), guard, num_towers=2)
+        assert guarded.numerics_guards == (guard,)
+    with tf.Graph().as_default():
+        plain = towerlib.build_train_graph(
+            _tower, _batch(), tf.compat.v1.train.GradientDescentOptimizer(0.1), num_towers=2)
+        assert plain.numerics_guards == ()
+
+
+def test_sync_replicas_graph_keeps_the_guard_inside_its_wrapper():
+    cluster = cluster_lib.cluster_from_flags(
+        ps_hosts="localhost:1", worker_hosts="localhost:2", job_name="worker", task_index=0)
+    with tf.Graph().as_default():
+        guard = towerlib.guard_numerics(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        placer = cluster_lib.ParameterServerPlacer(cluster)
+        with tf.compat.v1.device(placer):
+            batch = _batch()
+        sync_graph = cluster_lib.build_sync_train_graph(
+            _tower, batch, guard, cluster, num_towers=2, device_type="cpu",
+            device_function=placer)
+        assert sync_graph.train_graph.numerics_guards == (guard,)
