@@ -146,9 +146,15 @@ def read_state(train_dir):
     """The checkpoint prefixes the state file lists, oldest first (absolute paths).
 
     An unreadable or missing state file gives [] (the directory scan in
-    `find_restorable_checkpoint` still finds the checkpoints).
+    `find_restorable_checkpoint` still finds the checkpoints), whatever bytes
+    it holds: a torn write or a disk fault must not stop a restart.
     """
-    state = tf.train.get_checkpoint_state(train_dir)
+    try:
+        state = tf.train.get_checkpoint_state(train_dir)
+    except (ValueError, tf.errors.OpError) as error:  # UnicodeDecodeError is a ValueError
+        logger.warning("Ignoring the unreadable checkpoint state file in %s (%s); "
+                       "scanning the directory instead.", train_dir, error)
+        return []
     if state is None:
         return []
     listed = [_absolute(train_dir, p) for p in state.all_model_checkpoint_paths]

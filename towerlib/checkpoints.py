@@ -232,7 +232,14 @@ class CheckpointWriter:
         if final in self.kept:
             return final
         logger.info("Saving checkpoint for step %d to %s.", step, final)
-        staged = self._stage(session, step)
+        try:
+            staged = self._stage(session, step)
+        except BaseException:
+            # A full disk, say: the partial files go now, not at the next start.
+            staging = os.path.join(self.train_dir, SAVING_DIRNAME)
+            if tf.io.gfile.exists(staging):
+                tf.io.gfile.rmtree(staging)
+            raise
         self._publish(staged, final)
         self._update_state(final)
         return final

@@ -60,18 +60,19 @@ def atomic_write_text(path, text):
 
     The text goes to a temporary file in the same directory, which is fsynced
     and then renamed over `path`; the directory is fsynced after the rename.
+    A failure at any point (a full disk, say) removes the temporary file.
     """
     directory = os.path.dirname(path) or "."
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
-    if is_local(path):
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-    else:
-        with tf.io.gfile.GFile(temporary, "w") as handle:
-            handle.write(text)
     try:
+        if is_local(path):
+            with open(temporary, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+        else:
+            with tf.io.gfile.GFile(temporary, "w") as handle:
+                handle.write(text)
         rename(temporary, path)
     except BaseException:
         remove_file(temporary)
