@@ -6,7 +6,6 @@ budget and killed in teardown (tests/distributed_processes.py). The checks on th
 settings and on the data sharding run in this process.
 """
 
-import glob
 import os
 import subprocess
 import sys
@@ -18,23 +17,17 @@ from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, generate, input_pipeline, train
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
-from tests.distributed_processes import REPO_ROOT, ProcessGroup, free_ports
+from tests import helpers
+from tests.distributed_processes import REPO_ROOT, free_ports
 from towerlib import cluster as cluster_lib
 
 MODULE = "examples.cifar10.train"
 GLOBAL_BATCH = 16
 STEPS = 3
-BUDGET_SECS = 110  # hard bound on every process of the cluster test
-
-
-@pytest.fixture
-def processes(tmp_path):
-    group = ProcessGroup(tmp_path, budget_secs=BUDGET_SECS,
-                         command=[sys.executable, "-m", MODULE])
-    try:
-        yield group
-    finally:
-        group.close()
+# For the `processes` fixture (tests/conftest.py): what each process runs, and the
+# hard bound on every process of the cluster test.
+PROCESS_COMMAND = [sys.executable, "-m", MODULE]
+PROCESS_BUDGET_SECS = 110
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +38,7 @@ def data_dir(tmp_path_factory):
     return folder
 
 
-def _event_scalars(log_dir, tag):
-    values = {}
-    for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == tag:
-                    values[event.step] = value.simple_value
-    return values
-
-
+@pytest.mark.slow  # a ps and two workers as real processes
 def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
     processes, tmp_path, data_dir
 ):
@@ -106,7 +90,7 @@ def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
     # Every process ends on its own: the workers at the last step, the ps once both
     # workers have reported done.
     for name in ("worker0", "worker1", "ps"):
-        code = processes.wait(name, BUDGET_SECS)
+        code = processes.wait(name, PROCESS_BUDGET_SECS)
         assert code == 0, f"{name} exited with {code}.\n" + processes.describe(name)
     assert "every worker is done, exiting" in processes.log_text("ps")
 
@@ -132,7 +116,7 @@ def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
 
     # The schedule counted global steps: the update from global step 2 used the decayed
     # rate. (The summary of a step is written at the step that update produced.)
-    rates = _event_scalars(str(chief_dir), "learning_rate")
+    rates = dict(helpers.event_scalars(str(chief_dir)).get("learning_rate", []))
     assert sorted(rates) == [1, 2, 3], rates
     assert [rates[1], rates[2], rates[3]] == pytest.approx([0.1, 0.1, 0.01]), rates
 
@@ -296,6 +280,7 @@ def test_workers_generating_the_data_at_once_keep_one_copy(tmp_path, monkeypatch
     assert data.validate_split(folder, "train").num_examples == 5000
 
 
+@pytest.mark.slow  # the train script in a fresh process
 def test_train_script_refuses_sync_batch_norm_on_a_cluster_in_one_line(tmp_path, data_dir):
     # Refused before this worker starts its server or waits for anyone: no cluster needed.
     ps, worker0, worker1 = free_ports(3)

@@ -2,7 +2,6 @@
 evaluation, export, TensorBoard events, restart, and the scripts' command-line errors."""
 
 import dataclasses
-import glob
 import json
 import logging
 import os
@@ -12,10 +11,10 @@ import sys
 import textwrap
 
 import pytest
-import tensorflow as tf
 
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, eval as eval_lib, main, train
+from tests import helpers
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT_RUN_STEPS = 120
@@ -68,6 +67,7 @@ def short_run(tmp_path_factory):
     return config, figures, lines.lines
 
 
+@pytest.mark.slow  # reads the short run of the main job
 def test_short_run_learns_well_above_chance(short_run):
     _, figures, _ = short_run
     assert figures["generated"] and figures["ema"]
@@ -78,6 +78,7 @@ def test_short_run_learns_well_above_chance(short_run):
     assert abs(figures["saved_model_precision_at_1"] - figures["precision_at_1"]) <= 0.002
 
 
+@pytest.mark.slow  # reads the short run of the main job
 def test_log_says_generated_data_and_reports_speed(short_run):
     _, _, lines = short_run
     assert any(
@@ -92,18 +93,10 @@ def test_log_says_generated_data_and_reports_speed(short_run):
     assert any("eval step 120: precision@1 = " in line for line in lines)
 
 
-def _event_scalars(log_dir):
-    scalars = {}
-    for path in glob.glob(os.path.join(log_dir, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
-    return scalars
-
-
+@pytest.mark.slow  # reads the short run of the main job
 def test_tensorboard_events_hold_loss_and_learning_rate(short_run):
     config, figures, _ = short_run
-    scalars = _event_scalars(config.train_dir)
+    scalars = helpers.event_scalars(config.train_dir)
     for tag in ("loss", "total_loss", "learning_rate", "train_precision_at_1"):
         assert tag in scalars, sorted(scalars)
     # 64 examples of 5000 per step: the decay at epoch 10 is at step 781, after this run.
@@ -111,12 +104,13 @@ def test_tensorboard_events_hold_loss_and_learning_rate(short_run):
     assert len(rates) >= 5 and rates == pytest.approx([0.1] * len(rates))
     losses = dict(scalars["loss"])
     assert losses[max(losses)] < losses[min(losses)]  # the loss went down
-    eval_scalars = _event_scalars(os.path.join(config.train_dir, "eval"))
+    eval_scalars = helpers.event_scalars(os.path.join(config.train_dir, "eval"))
     assert eval_scalars["precision_at_1"] == [
         (SHORT_RUN_STEPS, pytest.approx(figures["precision_at_1"]))
     ]
 
 
+@pytest.mark.slow  # reads the short run of the main job
 def test_tensorboards_own_reader_loads_the_events(short_run):
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator"
@@ -129,6 +123,7 @@ def test_tensorboards_own_reader_loads_the_events(short_run):
     assert accumulator.Scalars("learning_rate")[-1].value == pytest.approx(0.1)
 
 
+@pytest.mark.slow  # reads the short run of the main job
 def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="cifar10")
     config, _, _ = short_run
@@ -151,6 +146,7 @@ def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path, caplog):
     assert again.start_step == again.global_step == SHORT_RUN_STEPS + 10
 
 
+@pytest.mark.slow  # reads the short run of the main job
 def test_continuous_eval_stops_at_the_runs_last_step(short_run):
     config, figures, _ = short_run
     result = eval_lib.evaluate_continuously(
@@ -160,6 +156,7 @@ def test_continuous_eval_stops_at_the_runs_last_step(short_run):
     assert result.precision_at_1 == pytest.approx(figures["precision_at_1"], abs=0.002)
 
 
+@pytest.mark.slow  # reads the short run of the main job, loads it in a fresh process
 def test_saved_model_loads_in_a_fresh_process(short_run):
     config, figures, _ = short_run
     test_file = os.path.join(
@@ -205,6 +202,7 @@ def test_eval_of_a_folder_without_a_run_is_a_clear_error(tmp_path):
         eval_lib.evaluate_latest(str(tmp_path))
 
 
+@pytest.mark.slow  # the train script in a fresh process, once per case
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -232,6 +230,7 @@ def test_train_script_prints_one_clear_error(tmp_path, args, expected):
     assert "Traceback" not in completed.stderr
 
 
+@pytest.mark.slow  # a run of the main job
 def test_main_job_trains_with_sync_batch_norm(tmp_path):
     """bn_mode=sync end to end through run_training, evaluation and export,
     on 2 CPU towers (the graph transport)."""

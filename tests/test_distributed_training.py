@@ -15,20 +15,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.distributed_processes import ProcessGroup, free_ports
+from tests.distributed_processes import free_ports
 
 GLOBAL_BATCH = 16
 TOWERS_PER_WORKER = 2
 STEP_LOG = re.compile(r"step (\d+), loss = ([0-9.]+)")
+PROCESS_BUDGET_SECS = 150  # hard bound on every process of a test (the `processes` fixture)
 
-
-@pytest.fixture
-def processes(tmp_path):
-    group = ProcessGroup(tmp_path, budget_secs=150)
-    try:
-        yield group
-    finally:
-        group.close()
+# Every test starts a cluster of real processes.
+pytestmark = pytest.mark.slow
 
 
 def cluster_flags(train_dir, max_steps, extra=()):

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from tests.fault_scripts import tiny_model
-from tests.fault_scripts.runner import ProcessPool
 from towerlib import checkpoints
 
 MAX_STEPS = 16
@@ -23,12 +22,8 @@ SAVE_EVERY = 2
 KEEP = 2
 TIMEOUT = 90  # seconds per process, far above the ~5 s each takes
 
-
-@pytest.fixture
-def pool():
-    processes = ProcessPool()
-    yield processes
-    processes.close()
+# Starts training processes (the `pool` fixture, tests/conftest.py) and kills them.
+pytestmark = pytest.mark.slow
 
 
 def _args():

@@ -5,17 +5,12 @@ import signal
 
 import pytest
 
-from tests.fault_scripts.runner import ProcessPool
 from towerlib import checkpoints
 
 TIMEOUT = 90
 
-
-@pytest.fixture
-def pool():
-    processes = ProcessPool()
-    yield processes
-    processes.close()
+# Starts training processes (the `pool` fixture, tests/conftest.py) and signals them.
+pytestmark = pytest.mark.slow
 
 
 def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(pool, tmp_path):
