@@ -47,6 +47,7 @@ def _expected_configs():
                                  configs.PEERS)
 
 
+@pytest.mark.slow  # reads the benchmark's smoke run
 def test_every_configuration_ran(smoke_run):
     _, raw = smoke_run
     by_key = {r["config"]["kind"] + "/" + str(r["config"]["bn_mode"]) + "/" +
@@ -61,6 +62,7 @@ def test_every_configuration_ran(smoke_run):
             assert result["status"] == "ok", f"{config.label}: {result['reason']}"
 
 
+@pytest.mark.slow  # reads the benchmark's smoke run
 def test_numbers_are_positive_and_finite(smoke_run):
     _, raw = smoke_run
     ok = [r for r in raw["results"] if r["status"] == "ok"]
@@ -75,12 +77,14 @@ def test_numbers_are_positive_and_finite(smoke_run):
             assert measure.is_positive_finite(result[field]), (label, field, result[field])
 
 
+@pytest.mark.slow  # reads the benchmark's smoke run
 def test_same_initial_weights_everywhere(smoke_run):
     _, raw = smoke_run
     checksums = {r["initial_checksum"] for r in raw["results"] if r["status"] == "ok"}
     assert len(checksums) == 1, checksums
 
 
+@pytest.mark.slow  # reads the benchmark's smoke run
 def test_mirrored_step_is_not_retraced(smoke_run):
     _, raw = smoke_run
     (mirrored,) = [r for r in raw["results"] if r["config"]["kind"] == configs.MIRRORED]
@@ -88,6 +92,7 @@ def test_mirrored_step_is_not_retraced(smoke_run):
     assert at_finish == at_ready
 
 
+@pytest.mark.slow  # reads the benchmark's smoke run
 def test_report_has_every_configuration_and_the_machine(smoke_run):
     markdown, raw = smoke_run
     for config in _expected_configs():
@@ -141,6 +146,7 @@ def test_report_marks_a_missed_target():
     assert report.CROSS in summary and report.CHECK in summary
 
 
+@pytest.mark.slow  # runs bench/bench_bn_modes.py in a fresh process
 def test_bn_mode_benchmark_prints_every_mode_and_ratio():
     """bench/bench_bn_modes.py, the evidence for sync's cost, keeps running."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")

@@ -360,6 +360,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # runs its script in a fresh process
 def test_partial_fetch_run_ends_in_a_clear_error_not_a_hang():
     result = helpers.run_python_script(_PARTIAL_FETCH_SCRIPT)
     reports = {}

@@ -5,9 +5,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # trains the example in a fresh process
 def test_readme_api_example_runs():
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## API"):]

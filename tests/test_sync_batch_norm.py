@@ -543,6 +543,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # runs its script in a fresh process
 def test_running_one_towers_loss_ends_in_a_clear_error_within_a_bound():
     result = helpers.run_python_script(_PARTIAL_FETCH_SCRIPT)
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
