@@ -1,18 +1,36 @@
 """towerlib: graph-mode multi-device data-parallel training for TensorFlow."""
 
+import pathlib
+import re
+
 import setuptools
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def package_version():
+    """towerlib.__version__, read from the file's text: the one place the version is
+    written, and importing the package here would need TensorFlow before it is installed."""
+    init = (HERE / "towerlib" / "__init__.py").read_text(encoding="utf-8")
+    found = re.search(r'^__version__ = "([^"]+)"$', init, re.M)
+    if found is None:
+        raise RuntimeError("towerlib/__init__.py has no line __version__ = \"...\"")
+    return found.group(1)
+
 
 setuptools.setup(
     name="towerlib",
-    version="0.1.0",
+    version=package_version(),
     description=(
         "TensorFlow 1.x-style graph-mode multi-GPU data-parallel training: "
         "tower replication, gradient aggregation and batch-norm modes."),
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=setuptools.find_packages(include=["towerlib", "towerlib.*"]),
-    python_requires=">=3.9",
-    install_requires=["tensorflow>=2.15", "numpy", "absl-py"],
+    # What CI tests: Python 3.11 and TensorFlow 2.21. It relies on TF 1.x internals
+    # (towerlib.internals) that a new TensorFlow release may change.
+    python_requires=">=3.11,<3.12",
+    install_requires=["tensorflow>=2.21,<2.22", "numpy", "absl-py"],
     extras_require={"test": ["pytest", "tensorboard"]},
 )
