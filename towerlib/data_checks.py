@@ -8,7 +8,8 @@ format), and in-graph assertions on a batch (`assert_labels_in_range`,
 train op depends on the checked tensor.
 
 Dataset readers (e.g. the CIFAR-10 example's) do their own format-specific
-checks; these are the generic pieces.
+checks and word their own errors; `record_file_size` gives them the generic
+size check that `check_record_files` applies.
 """
 
 import dataclasses
@@ -32,6 +33,56 @@ class RecordFiles:
     @property
     def total_records(self):
         return sum(self.records)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordFileSize:
+    """A file's size counted in fixed-length records (see `record_file_size`).
+
+    Attributes:
+      size: the file's length in bytes.
+      records: the whole records between the header and the footer.
+      leftover: the bytes after the last whole record; negative when the file
+        is shorter than the header and footer together.
+    """
+
+    size: int
+    records: int
+    leftover: int
+
+    @property
+    def is_whole(self):
+        """True when the file is header, whole records and footer, nothing else.
+
+        An empty file is not: it is a failed download or copy, never data.
+        """
+        return self.size > 0 and self.leftover == 0
+
+
+def _check_record_bytes(record_bytes):
+    if record_bytes < 1:
+        raise ValueError(f"record_bytes must be >= 1, got {record_bytes}.")
+
+
+def record_file_size(path, record_bytes, *, header_bytes=0, footer_bytes=0):
+    """How one existing file's size splits into fixed-length records.
+
+    The size check of `check_record_files`, for a reader that checks its own
+    files and words its own errors: `is_whole` is False for exactly the
+    files that `check_record_files` reports as empty or truncated.
+
+    Args:
+      path: an existing file (not a directory or a pattern).
+      record_bytes, header_bytes, footer_bytes: as for `check_record_files`.
+
+    Returns:
+      A RecordFileSize.
+    """
+    _check_record_bytes(record_bytes)
+    size = tf.io.gfile.stat(os.fspath(path)).length
+    body = size - header_bytes - footer_bytes
+    records, leftover = divmod(body, record_bytes) if body >= 0 else (0, body)
+    return RecordFileSize(size, records, leftover)
 
 
 def _expand(paths):
@@ -87,27 +138,26 @@ def check_record_files(paths, record_bytes, *, header_bytes=0, footer_bytes=0,
     Raises:
       DataError: listing every bad file, each with the fix.
     """
-    if record_bytes < 1:
-        raise ValueError(f"record_bytes must be >= 1, got {record_bytes}.")
+    _check_record_bytes(record_bytes)
     files, problems = _expand(paths)
     records = []
     for path in files:
-        size = tf.io.gfile.stat(path).length
-        body = size - header_bytes - footer_bytes
-        count, leftover = divmod(body, record_bytes) if body >= 0 else (0, body)
-        if size == 0:
+        found = record_file_size(path, record_bytes, header_bytes=header_bytes,
+                                 footer_bytes=footer_bytes)
+        if found.size == 0:
             problems.append(f"{path}: the file is empty (0 bytes). Fix: download or "
                             "generate it again.")
-        elif body < 0 or leftover:
+        elif not found.is_whole:
             problems.append(
-                f"{path}: {size} bytes is not {header_bytes} header + a whole number of "
-                f"{record_bytes}-byte records + {footer_bytes} footer ({count} records and "
-                f"{leftover} bytes left over): the file is truncated or not in this "
-                "format. Fix: download or generate it again, or check record_bytes.")
-        elif count < min_records:
-            problems.append(f"{path}: holds {count} records, fewer than {min_records}. "
-                            "Fix: download or generate it again.")
-        records.append(count)
+                f"{path}: {found.size} bytes is not {header_bytes} header + a whole "
+                f"number of {record_bytes}-byte records + {footer_bytes} footer "
+                f"({found.records} records and {found.leftover} bytes left over): the "
+                "file is truncated or not in this format. Fix: download or generate it "
+                "again, or check record_bytes.")
+        elif found.records < min_records:
+            problems.append(f"{path}: holds {found.records} records, fewer than "
+                            f"{min_records}. Fix: download or generate it again.")
+        records.append(found.records)
     if problems:
         count = len(problems)
         raise DataError(f"{count} bad input file{'s' if count > 1 else ''}:\n"

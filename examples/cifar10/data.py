@@ -6,9 +6,10 @@ The binary release (``cifar-10-binary.tar.gz``) unpacks to a folder
 ``RECORD_BYTES = 1 + 3072`` bytes: one label byte (0..9), then the image as uint8 in
 depth-major order ``[3, 32, 32]`` (all red rows, then all green, then all blue).
 
-The files are validated with numpy *before* any graph is built, so that a wrong folder
-or a truncated download is reported as one clear error naming the file and the fix,
-not as an ``OutOfRangeError`` or a silently short epoch deep inside a session.
+The files are validated *before* any graph is built (their sizes by towerlib's
+``data_checks.record_file_size``, their labels with numpy), so that a wrong folder or a
+truncated download is reported as one clear error naming the file and the fix, not as an
+``OutOfRangeError`` or a silently short epoch deep inside a session.
 
 The generated data set (``generate.py``) and the download (``download.py``) write this
 same format, so one reader serves all three.
@@ -113,30 +114,33 @@ def check_record_file(path: str, expected_bytes: Optional[int] = None) -> int:
     """Checks one CIFAR-10 .bin file; returns its number of records.
 
     Checks, in order: the file exists; its size is a positive multiple of RECORD_BYTES
-    (or exactly ``expected_bytes`` when given); every label byte is in 0..9. The labels are
-    read in one strided pass over a memory map (a fraction of a second for a 30 MB file).
+    (towerlib's record-size check; or exactly ``expected_bytes`` when given); every label
+    byte is in 0..9. The labels are read in one strided pass over a memory map (a fraction
+    of a second for a 30 MB file).
 
     Raises:
       DataError: naming the file, what is wrong with it and how to fix it.
     """
+    # Imported here, like TensorFlow below (towerlib loads it): generate.py needs neither.
+    from towerlib import data_checks
+
     if not os.path.isfile(path):
         raise DataError("CIFAR-10 data file %r is missing. %s" % (path, _FIX_HINT))
-    size = os.path.getsize(path)
-    if size == 0 or size % RECORD_BYTES:
-        whole, rest = divmod(size, RECORD_BYTES)
+    found = data_checks.record_file_size(path, RECORD_BYTES)
+    if not found.is_whole:
         raise DataError(
             "CIFAR-10 data file %r has %d bytes, which is not a positive multiple of the "
             "record size %d (1 label byte + %d image bytes): %d whole records and %d bytes "
             "left over. The file is truncated (an interrupted download or copy) or is not a "
             "CIFAR-10 binary file (CIFAR-100 records have 2 label bytes). Fix: delete it and "
             "download again with --download, or regenerate the generated data set."
-            % (path, size, RECORD_BYTES, IMAGE_BYTES, whole, rest)
+            % (path, found.size, RECORD_BYTES, IMAGE_BYTES, found.records, found.leftover)
         )
-    if expected_bytes is not None and size != expected_bytes:
+    if expected_bytes is not None and found.size != expected_bytes:
         raise DataError(
             "CIFAR-10 data file %r has %d bytes but the official release has %d bytes "
             "(%d records) per file. Fix: delete it and download again with --download."
-            % (path, size, expected_bytes, expected_bytes // RECORD_BYTES)
+            % (path, found.size, expected_bytes, expected_bytes // RECORD_BYTES)
         )
     records = np.memmap(path, dtype=np.uint8, mode="r").reshape(-1, RECORD_BYTES)
     labels = np.asarray(records[:, 0])
