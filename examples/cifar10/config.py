@@ -2,6 +2,10 @@
 
 `TrainConfig` is what the train script's flags amount to. `check()` turns every setting
 that cannot work into one clear error before any data is touched or any graph is built.
+The settings that towerlib itself takes (the global batch over the towers, the batch-norm
+mode, where variables live, the weight EMA) are judged by ``towerlib.validate_config``;
+the error is worded here, naming the flag and its fix.
+
 The config is saved as ``train_dir/train_config.json``, so the eval and export scripts
 rebuild the very model that was trained (name, EMA, data folder) from ``--train_dir``
 alone, and a restart with an incompatible model in the same folder is refused.
@@ -11,7 +15,7 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import List, Optional
+from typing import List, Optional, Set
 
 import towerlib
 from examples.cifar10 import input_pipeline, models, schedule
@@ -69,6 +73,21 @@ class TrainConfig:
         return towerlib.tower_devices(self.num_towers or None, self.device_type)
 
 
+def _refused_by_towerlib(config: TrainConfig, devices: List[str]) -> Set[str]:
+    """The settings, by towerlib's option names, that towerlib.validate_config refuses."""
+    try:
+        towerlib.validate_config(
+            devices=devices,
+            global_batch_size=config.global_batch_size,
+            bn_mode=config.bn_mode,
+            param_device=config.param_device,
+            ema_decay=config.ema_decay,
+        )
+    except towerlib.ConfigError as e:
+        return {problem.option for problem in e.problems}
+    return set()
+
+
 def check(config: TrainConfig) -> List[str]:
     """Checks every setting that needs no data; returns the tower devices.
 
@@ -98,14 +117,15 @@ def check(config: TrainConfig) -> List[str]:
         devices = config.tower_devices()
     except ValueError as e:
         raise ConfigError("--num_towers=%d: %s" % (config.num_towers, e)) from e
-    if config.global_batch_size < len(devices):
+    refused = _refused_by_towerlib(config, devices)
+    if "global_batch_size" in refused:
         raise ConfigError(
             "--global_batch_size=%d cannot be split over %d towers: every tower needs at "
             "least one example per step. Use --global_batch_size >= %d (a multiple of %d "
             "splits evenly), or fewer --num_towers."
             % (config.global_batch_size, len(devices), len(devices), len(devices))
         )
-    if config.bn_mode not in towerlib.BN_MODES:
+    if "bn_mode" in refused:
         raise ConfigError(
             "--bn_mode=%r: choose one of %s."
             % (config.bn_mode, ", ".join(towerlib.BN_MODES))
@@ -116,7 +136,7 @@ def check(config: TrainConfig) -> List[str]:
             "(collective on GPUs, graph otherwise)."
             % (config.sync_transport, " or ".join(towerlib.collective.TRANSPORTS))
         )
-    if config.param_device not in ("cpu", "gpu"):
+    if "param_device" in refused:
         raise ConfigError(
             "--param_device=%r: choose cpu (variables on the host) or gpu "
             "(spread over the tower GPUs)." % config.param_device
@@ -125,7 +145,7 @@ def check(config: TrainConfig) -> List[str]:
         raise ConfigError(
             "--optimizer=%r: choose one of %s." % (config.optimizer, ", ".join(OPTIMIZERS))
         )
-    if config.ema_decay is not None and not 0 < config.ema_decay < 1:
+    if "ema_decay" in refused:
         raise ConfigError(
             "--ema_decay=%r: use a value in (0, 1), e.g. 0.999, or leave it "
             "unset for no moving average." % config.ema_decay
