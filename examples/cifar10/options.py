@@ -6,6 +6,8 @@ Values are checked by config.check, not here, so that the error messages are the
 example's own and name the fix.
 """
 
+import dataclasses
+
 from absl import flags
 
 from examples.cifar10 import config as config_lib
@@ -14,6 +16,8 @@ from towerlib import cluster as cluster_lib
 
 FLAGS = flags.FLAGS
 _DEFAULTS = config_lib.TrainConfig()
+# String flags whose empty value stands for None in TrainConfig ("not set").
+_EMPTY_MEANS_UNSET = ("data_dir", "augmentation", "device_type", "sync_transport")
 
 
 def _define(define_fn, name, default, help_text, **kwargs):
@@ -59,6 +63,7 @@ def define_download_flags():
 
 
 def define_train_flags():
+    """One flag per TrainConfig field, of the field's name (see train_config_from_flags)."""
     define_data_flags()
     define_download_flags()
     d = _DEFAULTS
@@ -289,41 +294,18 @@ def define_export_flags():
 
 
 def train_config_from_flags() -> config_lib.TrainConfig:
-    """The TrainConfig the parsed flags describe."""
+    """The TrainConfig the parsed flags describe: each field from the flag of its name."""
+    values = {
+        field.name: getattr(FLAGS, field.name)
+        for field in dataclasses.fields(config_lib.TrainConfig)
+    }
+    for name in _EMPTY_MEANS_UNSET:
+        values[name] = values[name] or None
     try:
-        decay_epochs = [float(e) for e in FLAGS.lr_decay_epochs]
+        values["lr_decay_epochs"] = [float(e) for e in FLAGS.lr_decay_epochs]
     except ValueError as e:
         raise config_lib.ConfigError(
             "--lr_decay_epochs=%s: give numbers separated by commas, "
             "e.g. 100,150." % ",".join(FLAGS.lr_decay_epochs)
         ) from e
-    return config_lib.TrainConfig(
-        train_dir=FLAGS.train_dir,
-        data_dir=FLAGS.data_dir or None,
-        download=FLAGS.download,
-        download_url=FLAGS.download_url,
-        model=FLAGS.model,
-        augmentation=FLAGS.augmentation or None,
-        num_towers=FLAGS.num_towers,
-        device_type=FLAGS.device_type or None,
-        global_batch_size=FLAGS.global_batch_size,
-        bn_mode=FLAGS.bn_mode,
-        sync_transport=FLAGS.sync_transport or None,
-        bn_momentum=FLAGS.bn_momentum,
-        param_device=FLAGS.param_device,
-        optimizer=FLAGS.optimizer,
-        momentum=FLAGS.momentum,
-        learning_rate=FLAGS.learning_rate,
-        scale_lr_with_batch=FLAGS.scale_lr_with_batch,
-        lr_decay_epochs=decay_epochs,
-        lr_decay_factor=FLAGS.lr_decay_factor,
-        warmup_epochs=FLAGS.warmup_epochs,
-        weight_decay=FLAGS.weight_decay,
-        ema_decay=FLAGS.ema_decay,
-        max_steps=FLAGS.max_steps,
-        train_epochs=FLAGS.train_epochs,
-        log_every_n_steps=FLAGS.log_every_n_steps,
-        save_checkpoint_steps=FLAGS.save_checkpoint_steps,
-        save_summaries_steps=FLAGS.save_summaries_steps,
-        seed=FLAGS.seed,
-    )
+    return config_lib.TrainConfig(**values)
