@@ -19,7 +19,8 @@ import tensorflow as tf
 
 import towerlib
 from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, data_source, input_pipeline, models, options, train
+from examples.cifar10 import data, data_source, input_pipeline, models, options
+from examples.cifar10 import script_runner
 
 logger = logging.getLogger("cifar10")
 
@@ -175,10 +176,6 @@ def evaluate_continuously(
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise SystemExit(
-            "error: unexpected arguments %s; all settings are --flags." % argv[1:]
-        )
     flags = options.FLAGS
     eval_dir = flags.eval_dir or os.path.join(flags.train_dir, "eval")
 
@@ -197,7 +194,7 @@ def main(argv):
                 flags.train_dir, flags.data_dir or None, flags.eval_batch_size, eval_dir
             )
 
-    train.run_main(body)
+    script_runner.run(argv, body)
 
 
 if __name__ == "__main__":

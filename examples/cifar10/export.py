@@ -25,7 +25,8 @@ import tensorflow as tf
 
 import towerlib
 from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, eval as eval_lib, input_pipeline, models, options, train
+from examples.cifar10 import data, eval as eval_lib, input_pipeline, models, options
+from examples.cifar10 import script_runner
 
 logger = logging.getLogger("cifar10")
 
@@ -106,12 +107,8 @@ def export(
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise SystemExit(
-            "error: unexpected arguments %s; all settings are --flags." % argv[1:]
-        )
     flags = options.FLAGS
-    train.run_main(lambda: export(flags.train_dir, flags.export_dir or None))
+    script_runner.run(argv, lambda: export(flags.train_dir, flags.export_dir or None))
 
 
 if __name__ == "__main__":

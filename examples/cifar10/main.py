@@ -24,6 +24,7 @@ from absl import app, flags  # noqa: E402
 
 from examples.cifar10 import data, eval as eval_lib, export as export_lib  # noqa: E402
 from examples.cifar10 import config as config_lib, options, train  # noqa: E402
+from examples.cifar10 import script_runner  # noqa: E402
 from towerlib import cluster as cluster_lib  # noqa: E402
 
 logger = logging.getLogger("cifar10")
@@ -112,11 +113,6 @@ def run(config) -> dict:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise SystemExit(
-            "error: unexpected arguments %s; all settings are --flags." % argv[1:]
-        )
-
     def body():
         refuse_cluster(os.environ.get("TF_CONFIG", ""))
         config = options.train_config_from_flags()
@@ -157,7 +153,7 @@ def main(argv):
         )
         sys.stdout.flush()
 
-    train.run_main(body)
+    script_runner.run(argv, body)
 
 
 if __name__ == "__main__":

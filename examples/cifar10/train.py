@@ -27,7 +27,6 @@ workers on one machine (docs/distributed.md):
 
 import dataclasses
 import logging
-import sys
 import time
 from typing import List, Optional
 
@@ -35,13 +34,11 @@ import tensorflow as tf
 
 import towerlib
 from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, data_source, download, input_pipeline, options, schedule
+from examples.cifar10 import data, data_source, input_pipeline, options, schedule
+from examples.cifar10 import script_runner
 from towerlib import cluster as cluster_lib
 
 logger = logging.getLogger("cifar10")
-
-# The errors a user can fix from the command line; the scripts print them without a trace.
-USER_ERRORS = (config_lib.ConfigError, data.DataError, download.DownloadError)
 
 
 @dataclasses.dataclass
@@ -438,35 +435,7 @@ def serve_parameters(
     logger.info("ps task %d: every worker is done, exiting.", cluster.task_index)
 
 
-def configure_logging():
-    """INFO lines of this example and of towerlib, with a time stamp, on stderr."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True
-    )
-    tf_logger = tf.get_logger()
-    tf_logger.setLevel(logging.WARNING)  # TF's own INFO chatter (hooks, savers)
-    tf_logger.propagate = False  # it has its own handler; do not print its lines twice
-
-
-def run_main(body):
-    """Runs body() and turns a user error into one line on stderr and exit status 2 (a
-    cluster task that timed out waiting for the others: exit status 1)."""
-    configure_logging()
-    try:
-        body()
-    except USER_ERRORS as e:
-        sys.stderr.write("error: %s\n" % e)
-        sys.exit(2)
-    except TimeoutError as e:
-        sys.stderr.write("error: %s\n" % e)
-        sys.exit(1)
-
-
 def main(argv):
-    if len(argv) > 1:
-        raise SystemExit(
-            "error: unexpected arguments %s; all settings are --flags." % argv[1:]
-        )
     flags = options.FLAGS
 
     def body():
@@ -476,7 +445,7 @@ def main(argv):
         else:
             train(options.train_config_from_flags(), cluster, flags.startup_timeout_secs)
 
-    run_main(body)
+    script_runner.run(argv, body)
 
 
 if __name__ == "__main__":
