@@ -17,6 +17,7 @@ from towerlib.context import BN_MODES, TowerContext, TowerRecords
 from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
                                   check_record_files)
 from towerlib.determinism import seed_everything
+from towerlib.foreign_batch_norm import ForeignBatchNormError
 from towerlib.devices import session_config, tower_devices, variable_placer
 from towerlib.gradients import aggregate_gradients
 from towerlib.guards import NonFiniteError, guard_numerics
@@ -41,7 +42,7 @@ __all__ = [
     # Submodules.
     "cluster", "collective", "exchange", "hooks", "layers",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
-    "CheckpointError", "ConfigError", "ConfigProblem", "DataError",
+    "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
     "check_record_files", "find_restorable_checkpoint", "guard_numerics",
     "seed_everything", "validate_config",
