@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from towerlib import devices as devices_lib
 from towerlib import inputs as inputs_lib
+from towerlib import tower_batch
+from towerlib import tower_isolation
 from towerlib.context import TowerContext, TowerRecords, check_bn_mode
 from towerlib.internals import error_texts
 
@@ -132,7 +134,7 @@ def resolve_devices(num_towers=None, devices=None, device_type=None):
 def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                  device_type=None, is_training=True, bn_mode="first_tower", param_device="cpu",
                  reuse_variables=False, records=None, cross_tower=None,
-                 require_loss=True):
+                 require_loss=True, check_isolation=True):
     """Builds `tower_fn` once per device and returns what each tower made.
 
     Args:
@@ -150,9 +152,17 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       records: the TowerRecords the towers report into (a new one if None).
       cross_tower: the cross-tower reducer for bn_mode='sync'.
       require_loss: whether the tower function must return a loss.
+      check_isolation: refuse a tower whose loss reads another tower's
+        examples (towerlib.tower_isolation; e.g. a collection read without
+        the tower's scope). False only for a deliberate cross-tower design.
 
     Returns:
       (towers, records): a list of `Tower`, and the TowerRecords.
+
+    Raises:
+      TowerIsolationError: a tower's loss depends on another tower's examples.
+      BatchSizeMismatchError: a tower uses the global batch size where its
+        own belongs (e.g. a reshape hard-coding the tutorial's per-GPU batch).
     """
     check_bn_mode(bn_mode)
     tower_fn = as_tower_fn(tower_fn)
@@ -165,6 +175,8 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
     if per_tower_input_fn is None:
         shards, sizes = inputs_lib.split_global_batch(
             inputs, num_towers, host_device=devices_lib.host_cpu(devices[0]))
+        static_sizes = [tower_batch.static_int(size) for size in sizes]
+        global_batch = None if None in static_sizes else sum(static_sizes)
 
     towers = []
     outer_scope = tf.compat.v1.get_variable_scope()
@@ -189,9 +201,19 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                 else:
                     tower_inputs, batch_size = shards[index], sizes[index]
                 ctx = dataclasses.replace(ctx, batch_size=batch_size)
+                static_batch = tower_batch.static_int(batch_size)
+                if per_tower_input_fn is not None:  # B if every tower gets as many
+                    global_batch = None if static_batch is None else static_batch * num_towers
+                graph = tf.compat.v1.get_default_graph()
+                ops_before = len(graph.get_operations())
                 try:
                     result = tower_fn(tower_inputs, ctx)
                 except ValueError as error:
+                    explained = tower_batch.explain_shape_error(
+                        error, ctx, graph.get_operations()[ops_before:],
+                        static_batch, global_batch)
+                    if explained is not None:
+                        raise explained from error
                     if index > 0 and error_texts.is_missing_variable(error):
                         raise ValueError(
                             f"Tower {index} tried to create a variable that tower 0 "
@@ -205,6 +227,8 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                             f"variable that does not exist yet: {error}") from error
                     raise
                 loss, outputs = _split_result(result, index, require_loss)
+                tower_batch.check_reshapes(ctx, graph.get_operations()[ops_before:],
+                                           static_batch, global_batch)
             created = _global_variable_set() - variables_before
             if created and (index > 0 or reuse_variables):
                 names = sorted(v.name for v in created)
@@ -217,4 +241,6 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
             update_ops = tf.compat.v1.get_collection(
                 tf.compat.v1.GraphKeys.UPDATE_OPS, name_scope)
             towers.append(Tower(ctx, tower_inputs, result, loss, outputs, update_ops))
+    if check_isolation:
+        tower_isolation.check_tower_isolation(towers)
     return towers, records

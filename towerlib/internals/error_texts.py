@@ -8,7 +8,7 @@ one and fails by name if a release rewords it.
 """
 
 __all__ = ["is_collective_timeout", "is_missing_variable", "is_run_deadline",
-           "timeout_line"]
+           "is_shape_mismatch", "timeout_line"]
 
 # A collective op's own timeout, or a collective aborted by another's failure.
 _COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is aborted")
@@ -17,6 +17,15 @@ _COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is abor
 _RUN_DEADLINE_TEXT = "Timed out waiting for notification"
 # get_variable(reuse=True) of a name no earlier tower created.
 _MISSING_VARIABLE_TEXT = "does not exist"
+# Graph-construction shape errors (ValueError) of two tensors that disagree.
+_SHAPE_MISMATCH_TEXTS = (
+    "must equal `logits.shape` except for the last dimension",  # sparse cross entropy
+    "Dimensions must be equal, but are",  # binary ops, softmax cross entropy
+    "in both shapes must be equal, but are",  # concat and other merges
+    "must be evenly divisible by",  # reshape to a fixed first dimension and -1
+    "Cannot reshape a tensor with",  # reshape to a fully fixed shape
+    "are incompatible",  # tf.compat.v1.losses, set_shape
+)
 
 
 def is_collective_timeout(message: str) -> bool:
@@ -29,6 +38,18 @@ def is_run_deadline(message: str) -> bool:
 
 def is_missing_variable(error: Exception) -> bool:
     return _MISSING_VARIABLE_TEXT in str(error)
+
+
+def is_shape_mismatch(error: Exception) -> bool:
+    """Whether `error` is TensorFlow's build-time complaint about disagreeing shapes.
+
+    Covers sparse_softmax_cross_entropy_with_logits' labels/logits check, the
+    shape inference of binary ops, concat and reshape, and the compatibility
+    check of tf.compat.v1.losses (tests/test_tower_batch_errors.py provokes
+    each). towerlib adds an explanation when the numbers are the per-tower
+    and global batch sizes.
+    """
+    return any(text in str(error) for text in _SHAPE_MISMATCH_TEXTS)
 
 
 def timeout_line(message: str) -> str:
