@@ -9,8 +9,10 @@ where loss_i is tower i's mean over its n_i examples. Each tower
 differentiates its own weighted term on its own device; the gradients are
 summed per variable on the variable's device; one `apply_gradients` adds 1 to
 `global_step`. Regularization is added to tower 0's term only, so it counts
-once. The chosen batch-norm updates run under control dependencies of the
-update (seed 000); the weights' moving average, when asked for, after it.
+once (a weight's REGULARIZATION_LOSSES term, or weight decay the tower put
+into the 'losses' collection and returned inside its loss: towerlib.loss_terms).
+The chosen batch-norm updates run under control dependencies of the update
+(seed 000); the weights' moving average, when asked for, after it.
 """
 
 import dataclasses
@@ -19,8 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from towerlib import exchange
-from towerlib import foreign_batch_norm
 from towerlib import guards
+from towerlib import loss_terms
 from towerlib import devices as devices_lib
 from towerlib import normalization
 from towerlib import gradients as gradients_lib
@@ -156,7 +158,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
-                      sync_timeout_seconds=None, sync_transport=None):
+                      sync_timeout_seconds=None, sync_transport=None,
+                      check_isolation=True):
     """Builds the multi-tower training step.
 
     Args:
@@ -190,9 +193,15 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         statistics: 'graph', 'collective', or None for 'collective' (NCCL)
         when every tower is a GPU and 'graph' otherwise (see
         towerlib.exchange.CrossTowerReducer).
+      check_isolation: refuse a tower whose loss reads another tower's
+        examples (see towerlib.tower_isolation); False only for a deliberate
+        cross-tower dependency outside towerlib.exchange.
 
     Returns:
-      A TrainGraph.
+      A TrainGraph. Its `loss` is the data loss: regularization the towers
+      return inside their loss (GraphKeys.REGULARIZATION_LOSSES terms, or
+      weight decay in the 'losses' collection, the TF 1 tutorial's way) is
+      reported in `regularization_loss` instead (see towerlib.loss_terms).
     """
     check_bn_mode(bn_mode)
     _check_sync_transport(sync_transport)
@@ -209,8 +218,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         bn_mode, devices, sync_timeout_seconds, sync_transport)
     towers, records = towers_lib.build_towers(
         tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
-        param_device=param_device, records=records, cross_tower=cross_tower)
-    foreign_batch_norm.check_towers(towers, bn_mode)  # before any gradient is built
+        param_device=param_device, records=records, cross_tower=cross_tower,
+        check_isolation=check_isolation)
     if cross_tower is not None:
         # A tower that made fewer synchronized calls fails here, at build time,
         # not as an exchange waiting for it at run time.
@@ -224,8 +233,13 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                          "created none and none existed before.")
 
     shares = _tower_shares(towers)
-    shared_terms, tower_terms = _split_regularization(
-        _new_regularization_losses(regularization_before), towers)
+    new_regularization = _new_regularization_losses(regularization_before)
+    shared_terms, tower_terms = _split_regularization(new_regularization, towers)
+    # The TF 1 tutorial's tower loss, add_n of its scoped 'losses' collection,
+    # holds the weight decay: keep it out of `loss` and count it once.
+    towers, collection_terms = loss_terms.separate_regularization(
+        towers, new_regularization)
+    shared_terms = shared_terms + collection_terms
     host = devices_lib.host_cpu(devices[0])
 
     tower_grads_and_vars = []
