@@ -32,6 +32,11 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
     Rates are measured over the steps since the previous log line, so the
     first line (which includes graph warm-up) is the only slow one.
 
+    `examples_per_step` is the global batch size: an int, or an integer
+    scalar tensor fetched with each step (a batch known only at run time;
+    the examples of every step since the last line are added up). None
+    logs no examples/sec.
+
     The step number: a plain fetch of `global_step` next to the train op may
     read it before or after the op's increment (nothing orders the two), so
     give `step_after_update`, a read of the step made after the update
@@ -46,9 +51,11 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
         self.step_after_update = step_after_update
         self.every_n_steps = max(1, int(every_n_steps))
         self.examples_per_step = examples_per_step
+        self._fetches_examples = isinstance(examples_per_step, (tf.Tensor, tf.Variable))
         self.last_loss = None
         self.last_step = None
         self._steps_since_log = 0
+        self._examples_since_log = 0
         self._last_time = None
 
     def begin(self):
@@ -58,23 +65,32 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
         self._steps_since_log += 1
         step = (self.step_after_update if self.step_after_update is not None
                 else self.global_step)
-        return tf.compat.v1.train.SessionRunArgs([self.loss, step])
+        fetches = [self.loss, step]
+        if self._fetches_examples:
+            fetches.append(self.examples_per_step)
+        return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
-        self.last_loss, self.last_step = run_values.results
+        self.last_loss, self.last_step = run_values.results[:2]
         self.last_step = int(self.last_step)
+        if self._fetches_examples:
+            self._examples_since_log += int(run_values.results[2])
+        elif self.examples_per_step:
+            self._examples_since_log += self.examples_per_step
         if self.step_after_update is None:
             self.last_step += 1
         if self.last_step % self.every_n_steps and self._steps_since_log < self.every_n_steps:
             return
         now = time.time()
-        sec_per_batch = (now - self._last_time) / self._steps_since_log
+        elapsed = now - self._last_time
+        sec_per_batch = elapsed / self._steps_since_log
         rate = ""
-        if self.examples_per_step:
-            rate = f", {self.examples_per_step / sec_per_batch:.1f} examples/sec"
+        if self._examples_since_log and elapsed > 0:
+            rate = f", {self._examples_since_log / elapsed:.1f} examples/sec"
         logger.info("step %d, loss = %.4f%s, %.3f sec/batch",
                     self.last_step, self.last_loss, rate, sec_per_batch)
         self._steps_since_log = 0
+        self._examples_since_log = 0
         self._last_time = now
 
 

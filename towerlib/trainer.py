@@ -64,11 +64,57 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
     checkpoint = None
 
 
-def _session_creator(scaffold, master, session_config, is_chief, restore_from):
-    if is_chief:
+def examples_per_step_of(train_graph):
+    """The global batch of one step: an int when static, else an int32 scalar tensor.
+
+    The sum of the towers' batch sizes (`TrainGraph.contexts`); the tensor,
+    built here, is cheap to fetch with the step (it reads the batch's shape).
+    None when a tower's batch size is unknown.
+    """
+    sizes = [ctx.batch_size for ctx in train_graph.contexts]
+    if not sizes or any(size is None for size in sizes):
+        return None
+    static = [tf.get_static_value(size) for size in sizes]
+    if all(value is not None for value in static):
+        return int(sum(static))
+    with train_graph.train_op.graph.as_default(), tf.name_scope("examples_per_step"):
+        return tf.add_n([tf.cast(size, tf.int32) for size in sizes])
+
+
+class _ChiefSessionCreator(tf.compat.v1.train.SessionCreator):
+    """The chief's sessions, each restoring the newest checkpoint there is then.
+
+    MonitoredSession creates a new session after an AbortedError or
+    UnavailableError, e.g. when a ps task restarted and lost the variables.
+    Stock, that session restores the checkpoint chosen when the process
+    started (or initializes afresh when there was none): training rolls
+    back. The first session restores `restore_from`; every later one asks
+    `checkpoints.prepare_restore` again.
+    """
+
+    def __init__(self, scaffold, master, session_config, train_dir, restore_from):
+        self._options = dict(scaffold=scaffold, master=master, config=session_config)
+        self._train_dir = train_dir
+        self._restore_from = restore_from
+        self._sessions_created = 0
+
+    def create_session(self):
+        if self._sessions_created:
+            logger.warning("The chief's session is being recreated (a ps task "
+                           "restarted?): restoring the newest checkpoint in %s.",
+                           self._train_dir)
+            self._restore_from = checkpoints.prepare_restore(self._train_dir)
+        self._sessions_created += 1
         return tf.compat.v1.train.ChiefSessionCreator(
-            scaffold=scaffold, master=master, config=session_config,
-            checkpoint_filename_with_path=restore_from)
+            checkpoint_filename_with_path=self._restore_from,
+            **self._options).create_session()
+
+
+def _session_creator(scaffold, master, session_config, is_chief, train_dir,
+                     restore_from):
+    if is_chief:
+        return _ChiefSessionCreator(scaffold, master, session_config, train_dir,
+                                    restore_from)
     return tf.compat.v1.train.WorkerSessionCreator(
         scaffold=scaffold, master=master, config=session_config)
 
@@ -80,7 +126,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  examples_per_step=None, scaffold=None,
                  max_checkpoints_to_keep=5,
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
-                 collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS):
+                 collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS,
+                 session_creator_wrapper=None):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
@@ -99,7 +146,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         (at most one of them; default every 1000 steps); a checkpoint is also
         written at the start and at the end (after max_steps or a signal).
       save_summaries_steps: how often to write summaries (None: never).
-      examples_per_step: the global batch size, for examples/sec.
+      examples_per_step: the global batch size, for examples/sec; by default
+        the towers' batch sizes added up, from the graph when they are
+        static, else fetched with each step (`examples_per_step_of`).
       scaffold: a tf.compat.v1.train.Scaffold (e.g. with its own saver).
       max_checkpoints_to_keep: how many of the newest checkpoints to keep.
       stop_on_signals: signals that stop training cleanly with a final
@@ -111,6 +160,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         tower ends in a CollectiveTimeoutError instead of a hang; keep it
         above the slowest legitimate step. The 'graph' transport cannot
         wait for a tower and gets no deadline.
+      session_creator_wrapper: a function given run_training's SessionCreator
+        that returns the one to use (towerlib.cluster's bounds how long a
+        replica waits for a lost ps task); None uses it as it is.
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -144,6 +196,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
 
     # Built before the session finalizes the graph.
     step_after = step_after_update(train_graph)
+    if examples_per_step is None:
+        examples_per_step = examples_per_step_of(train_graph)
     step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
                              log_every_n_steps, examples_per_step,
                              step_after_update=step_after)
@@ -178,15 +232,18 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
             save_secs=save_checkpoint_secs, max_to_keep=max_checkpoints_to_keep)
         all_hooks.append(checkpoint_hook)
 
+    session_creator = _session_creator(scaffold, master, session_config, is_chief,
+                                       train_dir, restore_from)
+    if session_creator_wrapper is not None:
+        session_creator = session_creator_wrapper(session_creator)
+
     def last_checkpoint():
         return checkpoint_hook.last_saved if checkpoint_hook else None
 
     try:
         with graph.as_default(), exchange_safety.explain_collective_errors(graph), \
                 tf.compat.v1.train.MonitoredSession(
-                session_creator=_session_creator(scaffold, master, session_config,
-                                                 is_chief, restore_from),
-                hooks=all_hooks) as session:
+                session_creator=session_creator, hooks=all_hooks) as session:
             while not session.should_stop():
                 try:
                     session.run(train_graph.train_op)
