@@ -58,6 +58,9 @@ flags.DEFINE_float("ps_timeout_secs", 0.0,
 flags.DEFINE_float("startup_timeout_secs", 600.0,
                    "A worker gives up if the ps tasks do not answer (or, for a "
                    "non-chief, the chief has not initialized the model) within this long.")
+flags.DEFINE_float("ps_restart_timeout_secs", cluster_lib.DEFAULT_PS_RESTART_TIMEOUT_SECS,
+                   "A worker whose ps task stopped answering during training waits "
+                   "this long for it to restart, then fails naming the ps task.")
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 3)
@@ -144,6 +147,7 @@ def train_replica(cluster):
         return cluster_lib.run_distributed_training(
             sync_graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
             hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
+            ps_restart_timeout_secs=FLAGS.ps_restart_timeout_secs,
             log_every_n_steps=FLAGS.log_every_n_steps,
             save_checkpoint_steps=FLAGS.save_checkpoint_steps,
             examples_per_step=FLAGS.global_batch_size)

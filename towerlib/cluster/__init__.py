@@ -26,7 +26,7 @@ replica is done, and each replica runs
 
 Modules: `spec` says which cluster and which task, `placement` where ops and
 variables go, `sync_replicas` builds the synchronous step, `runtime` runs it
-to a clean end on every task.
+to a clean end on every task, `recovery` bounds the wait for a lost ps task.
 """
 
 from towerlib.cluster.placement import (
@@ -34,6 +34,11 @@ from towerlib.cluster.placement import (
     session_config,
     start_server,
     tower_devices,
+)
+from towerlib.cluster.recovery import (
+    DEFAULT_PS_RESTART_TIMEOUT_SECS,
+    PsUnavailableError,
+    RecoveringSessionCreator,
 )
 from towerlib.cluster.runtime import (
     ControlSession,

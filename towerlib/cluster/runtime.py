@@ -3,16 +3,16 @@
 Replicas wait for the ps tasks and for the chief's initialization, train,
 then tell the ps tasks they are done; a ps task exits once every replica has
 reported done (`run_parameter_server`), instead of blocking in server.join()
-forever.
+forever. A ps task lost during training costs a bounded wait (towerlib.cluster.recovery).
 """
 
 import logging
-import socket
 import time
 
 import tensorflow as tf
 
 from towerlib import trainer as trainer_lib
+from towerlib.cluster import recovery
 from towerlib.cluster.placement import start_server
 from towerlib.cluster.spec import PS_JOB
 
@@ -40,16 +40,8 @@ def wait_for_ps_tasks(cluster, timeout_secs=600.0, poll_secs=0.5):
       TimeoutError: naming the ps tasks still unreachable after timeout_secs.
     """
     deadline = time.time() + timeout_secs
-    waiting = dict(enumerate(cluster.jobs[PS_JOB]))
     while True:
-        for index, address in list(waiting.items()):
-            host, _, port = address.rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)),
-                                              timeout=max(poll_secs, 0.1)):
-                    del waiting[index]
-            except OSError:
-                pass
+        waiting = recovery.unreachable_ps_tasks(cluster, max(poll_secs, 0.1))
         if not waiting:
             return
         if time.time() > deadline:
@@ -68,6 +60,9 @@ class ControlSession:
     done. It is never opened after the training session has closed: a new
     gRPC session created right then crashed the chief once (a segfault inside
     TensorFlow). Build it before the training session finalizes the graph.
+    A ps task that restarts loses the graphs registered on it, so after one
+    the session is renewed (`renew`), while the training session is being
+    recreated anyway.
 
     Args:
       cluster: this replica's ClusterInfo.
@@ -84,7 +79,17 @@ class ControlSession:
                 self._report_done = tf.group(*[
                     _done_queue(i).enqueue(cluster.replica_index)
                     for i in range(cluster.num_ps)])
+        self._target = target
+        self._config = config
         self._session = tf.compat.v1.Session(target, config=config)
+
+    def renew(self):
+        """Replaces the session by a new one (the old one's graphs died with a ps task)."""
+        try:
+            self._session.close()
+        except tf.errors.OpError as error:
+            logger.info("Closing the old control session: %s", error.message)
+        self._session = tf.compat.v1.Session(self._target, config=self._config)
 
     def uninitialized_variables(self, timeout_secs=10.0):
         """Names of the global variables nobody has initialized yet."""
@@ -128,9 +133,10 @@ class ControlSession:
         self._session.close()
 
 
-def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=(),
-                             startup_timeout_secs=600.0, report_done=True,
-                             **run_kwargs):
+def run_distributed_training(
+        sync_graph, server, *, train_dir, max_steps, hooks=(), startup_timeout_secs=600.0,
+        ps_restart_timeout_secs=recovery.DEFAULT_PS_RESTART_TIMEOUT_SECS,
+        report_done=True, **run_kwargs):
     """Runs this replica's training until global_step reaches max_steps.
 
     The chief initializes or restores from the latest checkpoint in train_dir,
@@ -141,17 +147,31 @@ def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=
     replica tells the ps tasks it is done (`report_done`), so that
     `run_parameter_server` can return.
 
+    A ps task that dies fails the step in flight; the replica then waits up
+    to `ps_restart_timeout_secs` for it to answer again. If it does (a
+    restarted ps, its variables lost), the chief restores the newest complete
+    checkpoint in train_dir, the others wait for that and every replica goes
+    on from there. If it does not, PsUnavailableError names the task.
+
     Args:
       sync_graph: from build_sync_train_graph.
       server: this task's server (start_server).
       train_dir, max_steps, hooks, **run_kwargs: as for towerlib.run_training.
       startup_timeout_secs: how long to wait for the ps tasks to answer and,
         on a non-chief, for the chief to initialize; then TimeoutError.
+      ps_restart_timeout_secs: how long to wait for a ps task that stopped
+        answering during training (and, on a non-chief, for the chief to
+        restore the model after it came back); then PsUnavailableError
+        (or TimeoutError).
       report_done: tell the ps tasks when done.
 
     Returns:
       What towerlib.run_training returns: (global_step, loss) after the last
       step this replica ran.
+
+    Raises:
+      towerlib.cluster.PsUnavailableError: a ps task was lost for longer
+        than ps_restart_timeout_secs.
     """
     cluster = sync_graph.cluster
     with sync_graph.train_graph.train_op.graph.as_default():
@@ -171,7 +191,10 @@ def run_distributed_training(sync_graph, server, *, train_dir, max_steps, hooks=
             sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
             hooks=list(sync_graph.hooks) + list(hooks),
             session_config=sync_graph.session_config, master=server.target,
-            is_chief=cluster.is_chief, **run_kwargs)
+            is_chief=cluster.is_chief,
+            session_creator_wrapper=lambda creator: recovery.RecoveringSessionCreator(
+                creator, cluster, control, ps_restart_timeout_secs),
+            **run_kwargs)
         if report_done:
             control.report_done()
         return result
