@@ -64,6 +64,23 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
     checkpoint = None
 
 
+def examples_per_step_of(train_graph):
+    """The global batch of one step: an int when static, else an int32 scalar tensor.
+
+    The sum of the towers' batch sizes (`TrainGraph.contexts`); the tensor,
+    built here, is cheap to fetch with the step (it reads the batch's shape).
+    None when a tower's batch size is unknown.
+    """
+    sizes = [ctx.batch_size for ctx in train_graph.contexts]
+    if not sizes or any(size is None for size in sizes):
+        return None
+    static = [tf.get_static_value(size) for size in sizes]
+    if all(value is not None for value in static):
+        return int(sum(static))
+    with train_graph.train_op.graph.as_default(), tf.name_scope("examples_per_step"):
+        return tf.add_n([tf.cast(size, tf.int32) for size in sizes])
+
+
 class _ChiefSessionCreator(tf.compat.v1.train.SessionCreator):
     """The chief's sessions, each restoring the newest checkpoint there is then.
 
@@ -129,7 +146,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         (at most one of them; default every 1000 steps); a checkpoint is also
         written at the start and at the end (after max_steps or a signal).
       save_summaries_steps: how often to write summaries (None: never).
-      examples_per_step: the global batch size, for examples/sec.
+      examples_per_step: the global batch size, for examples/sec; by default
+        the towers' batch sizes added up, from the graph when they are
+        static, else fetched with each step (`examples_per_step_of`).
       scaffold: a tf.compat.v1.train.Scaffold (e.g. with its own saver).
       max_checkpoints_to_keep: how many of the newest checkpoints to keep.
       stop_on_signals: signals that stop training cleanly with a final
@@ -177,6 +196,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
 
     # Built before the session finalizes the graph.
     step_after = step_after_update(train_graph)
+    if examples_per_step is None:
+        examples_per_step = examples_per_step_of(train_graph)
     step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
                              log_every_n_steps, examples_per_step,
                              step_after_update=step_after)
