@@ -32,5 +32,6 @@ setuptools.setup(
     # (towerlib.internals) that a new TensorFlow release may change.
     python_requires=">=3.11,<3.12",
     install_requires=["tensorflow>=2.21,<2.22", "numpy", "absl-py"],
-    extras_require={"test": ["pytest", "tensorboard"]},
+    # tf_keras brings tf.compat.v1.layers back, for the tests of TF 1 models.
+    extras_require={"test": ["pytest", "tensorboard", "tf_keras>=2.21,<2.22"]},
 )
