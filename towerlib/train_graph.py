@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from towerlib import exchange
+from towerlib import foreign_batch_norm
 from towerlib import guards
 from towerlib import loss_terms
 from towerlib import devices as devices_lib
@@ -220,6 +221,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
         param_device=param_device, records=records, cross_tower=cross_tower,
         check_isolation=check_isolation)
+    foreign_batch_norm.check_towers(towers, bn_mode)  # before any gradient is built
     if cross_tower is not None:
         # A tower that made fewer synchronized calls fails here, at build time,
         # not as an exchange waiting for it at run time.
