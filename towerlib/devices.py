@@ -118,10 +118,16 @@ def variable_placer(param_device, devices):
 
     Args:
       param_device: 'cpu' (all variables on /device:CPU:0 of the towers' host),
-        'gpu' (spread over the tower devices by byte size), or a device function
-        of your own (e.g. tf.compat.v1.train.replica_device_setter's).
+        'gpu' (spread over the tower devices by byte size), a device function
+        of your own (e.g. tf.compat.v1.train.replica_device_setter's), or None:
+        each tower's variables on the tower's own device (replicated copies).
       devices: the tower devices.
+
+    Returns:
+      The device function, or None for "the tower's own device".
     """
+    if param_device is None:
+        return None
     if callable(param_device):
         return param_device
     if isinstance(param_device, str):
@@ -141,7 +147,8 @@ def variable_placer(param_device, devices):
 def tower_device_function(tower_device, placer):
     """The device function for one tower's ops.
 
-    Variable ops go where `placer` says. Every other op goes to the tower's
+    Variable ops go where `placer` says (the tower's device when it is
+    None). Every other op goes to the tower's
     device, except for the parts of a device the op already asked for
     itself: an inner `tf.device` in the tower function wins, as nested
     device scopes do in TensorFlow.
@@ -149,7 +156,7 @@ def tower_device_function(tower_device, placer):
     tower_spec = tf.DeviceSpec.from_string(tower_device)
 
     def choose(op):
-        if op.type in VARIABLE_OP_TYPES:
+        if op.type in VARIABLE_OP_TYPES and placer is not None:
             return placer(op)
         requested = tf.DeviceSpec.from_string(op.device or "")
         return tower_spec.make_merged_spec(requested).to_string()

@@ -23,6 +23,8 @@ Outside a builder (`ctx.records is None`) the update goes into the
 UPDATE_OPS collection, as TF 1 code expects.
 """
 
+import dataclasses
+
 import tensorflow as tf
 
 from towerlib.context import BatchNormStatistics
@@ -370,7 +372,8 @@ def moving_average_updates(records, bn_mode):
     """One moving-average update per batch-norm layer, per `bn_mode`.
 
     Returns a list of ops; run them once per step (the train op does, under
-    control dependencies).
+    control dependencies). With replicated variables each tower's copy of the
+    moving statistics gets the same update, so the copies stay equal.
     """
     updates = []
     with tf.name_scope("batch_norm_updates"):
@@ -385,4 +388,10 @@ def moving_average_updates(records, bn_mode):
                     moving_variance=first.moving_variance, momentum=first.momentum)
             # 'first_tower' uses tower 0's shard; 'sync' tower 0's global statistics.
             updates.extend(_updates_from(first))
+            # Replicated variables: every tower's own copy takes the same update.
+            for copy in layer_statistics[1:]:
+                if copy.moving_mean is not first.moving_mean:
+                    updates.extend(_updates_from(dataclasses.replace(
+                        first, moving_mean=copy.moving_mean,
+                        moving_variance=copy.moving_variance)))
     return updates

@@ -7,6 +7,7 @@ and the session runs the towers in parallel (seed 001).
 """
 
 import dataclasses
+import functools
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
@@ -15,6 +16,7 @@ from towerlib import devices as devices_lib
 from towerlib import inputs as inputs_lib
 from towerlib import tower_batch
 from towerlib import tower_isolation
+from towerlib import variable_copies
 from towerlib.context import TowerContext, TowerRecords, check_bn_mode
 from towerlib.internals import error_texts
 
@@ -113,6 +115,14 @@ def _global_variable_set():
     return set(tf.compat.v1.global_variables()) | set(tf.compat.v1.local_variables())
 
 
+def _nested_getter(outer, inner):
+    """`inner` as a custom getter inside an enclosing scope's getter `outer`."""
+    if outer is None:
+        return inner
+    return lambda getter, *args, **kwargs: inner(
+        functools.partial(outer, getter), *args, **kwargs)
+
+
 def resolve_devices(num_towers=None, devices=None, device_type=None):
     """The tower device list from a count, an explicit list, or the machine."""
     if devices is None:
@@ -134,7 +144,7 @@ def resolve_devices(num_towers=None, devices=None, device_type=None):
 def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                  device_type=None, is_training=True, bn_mode="first_tower", param_device="cpu",
                  reuse_variables=False, records=None, cross_tower=None,
-                 require_loss=True, check_isolation=True):
+                 require_loss=True, check_isolation=True, variable_getter=None):
     """Builds `tower_fn` once per device and returns what each tower made.
 
     Args:
@@ -155,6 +165,9 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       check_isolation: refuse a tower whose loss reads another tower's
         examples (towerlib.tower_isolation; e.g. a collection read without
         the tower's scope). False only for a deliberate cross-tower design.
+      variable_getter: None, or a function tower index -> custom getter for
+        that tower's variable scope (replicated variables give each tower its
+        own copies this way: towerlib.variable_copies).
 
     Returns:
       (towers, records): a list of `Tower`, and the TowerRecords.
@@ -182,9 +195,13 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
     outer_scope = tf.compat.v1.get_variable_scope()
     with tf.compat.v1.variable_scope(
             outer_scope, reuse=True if reuse_variables else None) as var_scope:
+        outer_getter = var_scope.custom_getter
         for index, device in enumerate(devices):
             if index > 0:
                 var_scope.reuse_variables()
+            if variable_getter is not None:
+                var_scope.set_custom_getter(
+                    _nested_getter(outer_getter, variable_getter(index)))
             variables_before = _global_variable_set()
             device_fn = devices_lib.tower_device_function(device, placer)
             with tf.name_scope(f"tower_{index}") as name_scope, \
@@ -230,6 +247,10 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                 tower_batch.check_reshapes(ctx, graph.get_operations()[ops_before:],
                                            static_batch, global_batch)
             created = _global_variable_set() - variables_before
+            if variable_getter is not None:  # the tower's own replicated copies
+                own_copies = variable_copies.copy_name("", index) if index else None
+                created = {v for v in created
+                           if not own_copies or not v.op.name.startswith(own_copies)}
             if created and (index > 0 or reuse_variables):
                 names = sorted(v.name for v in created)
                 raise ValueError(

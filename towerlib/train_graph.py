@@ -26,9 +26,9 @@ from towerlib import guards
 from towerlib import loss_terms
 from towerlib import devices as devices_lib
 from towerlib import normalization
-from towerlib import gradients as gradients_lib
 from towerlib import summaries as summaries_lib
 from towerlib import towers as towers_lib
+from towerlib import variable_update as variable_update_lib
 from towerlib.context import TowerContext, TowerRecords, check_bn_mode
 
 
@@ -53,6 +53,10 @@ class TrainGraph:
       scalars: the merged tower scalars, by name.
       numerics_guards: the towerlib.guard_numerics wrappers whose update this
         graph applies (run_training names their failures), usually () or one.
+      variable_update: 'parameter_server' or 'replicated'.
+      variable_copies: with 'replicated', {tower 0's variable name: every
+        tower's copy, in tower order} for the weights, moving statistics and
+        optimizer slots; {} otherwise.
     """
 
     train_op: tf.Operation
@@ -70,6 +74,8 @@ class TrainGraph:
     contexts: List[TowerContext]
     scalars: Dict[str, tf.Tensor]
     numerics_guards: Tuple[Any, ...] = ()
+    variable_update: str = "parameter_server"
+    variable_copies: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
 
 
 def _check_optimizer(optimizer):
@@ -105,9 +111,10 @@ def _global_step_for(global_step, param_device, devices):
         return tf.compat.v1.train.get_or_create_global_step()
 
 
-def _make_cross_tower_reducer(bn_mode, devices, timeout_seconds, transport):
-    """The reducer sync batch norm exchanges statistics through; None for other modes."""
-    if bn_mode != "sync" or len(devices) == 1:
+def _make_cross_tower_reducer(bn_mode, variable_update, devices, timeout_seconds,
+                              transport):
+    """The exchange of sync batch norm's statistics and replicated gradients, or None."""
+    if (bn_mode != "sync" and variable_update != "replicated") or len(devices) == 1:
         return None
     return exchange.CrossTowerReducer(
         devices, timeout_seconds=timeout_seconds, transport=transport)
@@ -156,7 +163,9 @@ def _chosen_update_ops(towers, records, bn_mode):
 
 
 def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
-                      devices=None, device_type=None, bn_mode="first_tower", param_device="cpu",
+                      devices=None, device_type=None, bn_mode="first_tower", param_device=None,
+                      variable_update="parameter_server",
+                      gradient_pack_bytes=variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES,
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
                       sync_timeout_seconds=None, sync_transport=None,
@@ -175,8 +184,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
       devices: explicit tower device strings instead of num_towers.
       device_type: 'gpu', 'cpu' or None (GPUs when the machine has them).
       bn_mode: 'first_tower', 'all_towers' or 'sync' (see towerlib.normalization).
-      param_device: 'cpu' (variables on the host CPU), 'gpu' (spread over the
-        tower GPUs by byte size) or a device function.
+      param_device: with 'parameter_server': 'cpu' (variables on the host
+        CPU, the default), 'gpu' (spread over the tower GPUs by byte size) or a
+        device function. Not with 'replicated'.
+      variable_update: 'parameter_server' (one copy of every variable) or
+        'replicated' (a copy per tower on its device, gradients all-reduced;
+        see towerlib.variable_update).
+      gradient_pack_bytes: with 'replicated', dense gradients are packed into
+        all-reduce buffers of at most this many bytes (0: one per gradient).
       global_step: a step variable; default get_or_create_global_step().
       ema_decay: if set, keep an ExponentialMovingAverage of the trainable
         weights, updated after each step (evaluate with `ema_restore_map`).
@@ -190,10 +205,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         costly, see towerlib.exchange.CrossTowerReducer). Towers that would make
         different collectives fail at build time; bound runs with
         towerlib.exchange.bounded_session_config and check_fetches.
-      sync_transport: with bn_mode='sync', how the towers exchange
-        statistics: 'graph', 'collective', or None for 'collective' (NCCL)
-        when every tower is a GPU and 'graph' otherwise (see
-        towerlib.exchange.CrossTowerReducer).
+      sync_transport: how the towers exchange sync batch norm's statistics
+        and replicated gradients: 'graph', 'collective', or None for
+        'collective' (NCCL) when every tower is a GPU and 'graph' otherwise
+        (see towerlib.exchange.CrossTowerReducer).
       check_isolation: refuse a tower whose loss reads another tower's
         examples (see towerlib.tower_isolation); False only for a deliberate
         cross-tower dependency outside towerlib.exchange.
@@ -209,19 +224,22 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     _check_optimizer(optimizer)
     check_ema_decay(ema_decay)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
-    global_step = _global_step_for(global_step, param_device, devices)
+    cross_tower = _make_cross_tower_reducer(
+        bn_mode, variable_update, devices, sync_timeout_seconds, sync_transport)
+    update = variable_update_lib.make_variable_update(
+        variable_update, len(devices), param_device, cross_tower, gradient_pack_bytes)
+    global_step = _global_step_for(global_step, update.param_device, devices)
 
     records = TowerRecords(len(devices))
     trainable_before = set(tf.compat.v1.trainable_variables())
     regularization_before = tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
-    cross_tower = _make_cross_tower_reducer(
-        bn_mode, devices, sync_timeout_seconds, sync_transport)
     towers, records = towers_lib.build_towers(
         tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
-        param_device=param_device, records=records, cross_tower=cross_tower,
-        check_isolation=check_isolation)
+        param_device=update.param_device, records=records, cross_tower=cross_tower,
+        check_isolation=check_isolation, variable_getter=update.variable_getter)
     foreign_batch_norm.check_towers(towers, bn_mode)  # before any gradient is built
+    update.check_towers(towers)
     if cross_tower is not None:
         # A tower that made fewer synchronized calls fails here, at build time,
         # not as an exchange waiting for it at run time.
@@ -255,14 +273,17 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
             if tower.context.is_first and shared_terms:
                 objective += tf.add_n(shared_terms, name="regularization")
             tower_grads_and_vars.append(optimizer.compute_gradients(
-                objective, var_list=var_list, colocate_gradients_with_ops=True))
+                objective, var_list=update.tower_variables(var_list, tower.context.index),
+                colocate_gradients_with_ops=True))
 
     if cross_tower is not None:
         cross_tower.check_consistent()  # the backward exchanges, too
-    grads_and_vars = gradients_lib.aggregate_gradients(tower_grads_and_vars)
+    pairs, grads_and_vars = update.combine(tower_grads_and_vars)
+    if cross_tower is not None:
+        cross_tower.check_consistent()  # and the gradients' all-reduce
     update_ops = _chosen_update_ops(towers, records, bn_mode)
     with tf.control_dependencies(update_ops):
-        apply_op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        apply_op = update.apply(optimizer, pairs, global_step)
 
     ema = None
     train_op = apply_op
@@ -297,7 +318,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         tower_outputs=[t.outputs for t in towers], global_step=global_step,
         grads_and_vars=grads_and_vars, update_ops=update_ops, ema=ema,
         devices=devices, contexts=[t.context for t in towers], scalars=scalars,
-        numerics_guards=tuple(guards.guards_in(optimizer)))
+        numerics_guards=tuple(guards.guards_in(optimizer)),
+        variable_update=update.name, variable_copies=update.copies)
 
 
 def ema_restore_map(ema_decay, var_list=None):

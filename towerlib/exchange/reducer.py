@@ -117,6 +117,11 @@ class CrossTowerReducer:
             raise ValueError(
                 f"communication_hint must be 'auto', 'ring' or 'nccl', got {communication_hint!r}."
             )
+        if communication_hint == "nccl" and not all_gpus and transport == "collective":
+            raise ValueError(
+                f"communication_hint='nccl' needs every tower on a GPU, got {devices}: "
+                "NCCL cannot join a CPU. Put every tower on a GPU, or pass "
+                "communication_hint='ring' (or None to choose by device type).")
 
         self._graph = tf.compat.v1.get_default_graph()
         self._keys = keys.allocator_for(self._graph)

@@ -1,0 +1,122 @@
+"""All-reduce of the towers' gradients, for replicated variables.
+
+Every tower differentiates its own weighted loss with respect to its own
+copies (towerlib.variable_copies); the sum over towers of those gradients is
+the parameter-server aggregate, and every tower needs all of it. The sums go
+through the same CrossTowerReducer as sync batch norm's statistics (one code
+path: the graph hub on CPU towers, collectives with NCCL between GPUs).
+
+Dense gradients are packed (Horovod's tensor fusion): consecutive gradients
+of one dtype are concatenated into buffers of at most `pack_bytes` bytes,
+each buffer summed by one exchange and split after. A gradient larger than
+the limit goes alone; `pack_bytes=0` sends every gradient alone. For example
+with pack_bytes=1024, float32 gradients of 100, 100 and 300 elements (400,
+400 and 1200 bytes) make two exchanges: [100 + 100] and [300].
+
+Sparse gradients (IndexedSlices, from embedding lookups) stay sparse: the
+towers' slices are all-gathered and concatenated in tower order, which is
+what the parameter-server path hands the optimizer. Towers may hold
+different numbers of rows, so each tower's row count is gathered first and
+the rows are padded to the largest count for the exchange, then the padding
+is dropped: no zero row ever reaches the optimizer (a sparse Momentum or Adam
+would otherwise update the slots of row 0).
+"""
+
+from typing import List
+
+import tensorflow as tf
+
+__all__ = ["allreduce_gradients", "pack_groups"]
+
+
+def pack_groups(tensors, pack_bytes: int) -> List[List[int]]:
+    """Indices of `tensors` grouped into buffers of at most `pack_bytes` bytes.
+
+    Groups keep the tensors' order and never mix dtypes; a tensor whose size
+    is unknown, or larger than the limit, is a group of its own.
+    """
+    groups, current, current_bytes, current_dtype = [], [], 0, None
+    for index, tensor in enumerate(tensors):
+        elements = tensor.shape.num_elements()
+        size = None if elements is None else elements * tensor.dtype.size
+        fits = (size is not None and current and tensor.dtype == current_dtype
+                and current_bytes + size <= pack_bytes)
+        if not fits and current:
+            groups.append(current)
+            current, current_bytes = [], 0
+        current.append(index)
+        current_bytes += size or 0
+        current_dtype = tensor.dtype
+        if size is None or size > pack_bytes:
+            groups.append(current)
+            current, current_bytes = [], 0
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _sum_dense(reducer, gradients, tower_index, pack_bytes):
+    """The towers' sums of `gradients` (dense tensors), in their order."""
+    summed = [None] * len(gradients)
+    for group in pack_groups(gradients, pack_bytes):
+        name = f"gradients_{group[0]}" + (f"_to_{group[-1]}" if len(group) > 1 else "")
+        results = reducer.sum([gradients[i] for i in group], tower_index=tower_index,
+                              name=name, differentiable=False)
+        for i, result in zip(group, results):
+            summed[i] = result
+    return summed
+
+
+def _gather_sparse(reducer, slices, tower_index, name):
+    """IndexedSlices holding every tower's rows of `slices`, in tower order."""
+    rows = tf.shape(slices.indices, out_type=tf.int32)[:1]  # [1]
+    counts = tf.reshape(reducer.gather(rows, tower_index, name=name + "/rows"), [-1])
+    padding = tf.reduce_max(counts) - rows[0]
+    values = tf.pad(slices.values,
+                    [[0, padding]] + [[0, 0]] * (slices.values.shape.rank - 1))
+    indices = tf.pad(slices.indices, [[0, padding]])
+    gathered_values = reducer.gather(values, tower_index, name=name + "/values")
+    gathered_indices = reducer.gather(indices, tower_index, name=name + "/indices")
+    # [towers, max rows] -> keep the first counts[t] rows of tower t.
+    keep = tf.sequence_mask(counts, tf.shape(gathered_indices)[1])
+    return tf.IndexedSlices(
+        values=tf.boolean_mask(gathered_values, keep),
+        indices=tf.boolean_mask(gathered_indices, keep),
+        dense_shape=slices.dense_shape)
+
+
+def allreduce_gradients(reducer, tower_gradients, pack_bytes):
+    """Each tower's gradients replaced by their sum over the towers.
+
+    Args:
+      reducer: a CrossTowerReducer over the towers' devices.
+      tower_gradients: per tower, the list of gradients (Tensor,
+        IndexedSlices or None) for its copies, every tower listing the same
+        variables in the same order; None must be None in every tower.
+      pack_bytes: the buffer size for packing dense gradients (0: no packing).
+
+    Returns:
+      Per tower, the summed gradients in the same order (None stays None),
+      built on that tower's device. Every tower's sums are the same bits.
+    """
+    first = tower_gradients[0]
+    for index, gradients in enumerate(tower_gradients):
+        if [g is None for g in gradients] != [g is None for g in first]:
+            raise ValueError(f"Tower {index} has gradients where tower 0 has none "
+                             "(or the reverse); replicated towers must be identical.")
+    dense_positions = [i for i, g in enumerate(first)
+                       if g is not None and not isinstance(g, tf.IndexedSlices)]
+    sparse_positions = [i for i, g in enumerate(first) if isinstance(g, tf.IndexedSlices)]
+    reduced = []
+    for tower_index, gradients in enumerate(tower_gradients):
+        with tf.name_scope(f"allreduce_tower_{tower_index}"):
+            result = list(gradients)
+            dense = [tf.convert_to_tensor(gradients[i]) for i in dense_positions]
+            for position, summed in zip(
+                    dense_positions, _sum_dense(reducer, dense, tower_index, pack_bytes)):
+                result[position] = summed
+            for position in sparse_positions:
+                result[position] = _gather_sparse(
+                    reducer, gradients[position], tower_index, f"sparse_gradient_{position}")
+            reduced.append(result)
+    return reduced
