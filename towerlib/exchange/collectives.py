@@ -69,24 +69,22 @@ class CollectiveTransport:
             gathered = self.gather(tensor[tf.newaxis], tower_index, instance_key, name)
             with tf.device(self._devices[tower_index]):
                 return tf.reduce_sum(gathered, axis=0)
-        with tf.device(self._devices[tower_index]):
-            with tf.control_dependencies(self._order_after(tower_index)):
-                out = collective_ops.all_reduce(
-                    tensor, len(self._devices), self._group_key, instance_key,
-                    self._communication_hint, self._timeout_seconds)
-        self._last_collective[tower_index] = out.op
-        return out
+        return self._launch(collective_ops.all_reduce, tensor, tower_index, instance_key)
 
     def gather(self, tensor, tower_index, instance_key, name):
         """[num_towers, K]: one all-gather op (along axis 0) on this tower's device."""
         del name  # the caller's name scope names the op
+        out = self._launch(collective_ops.all_gather, tensor, tower_index, instance_key)
+        out.set_shape([len(self._devices)] + tensor.shape.as_list()[1:])
+        return out
+
+    def _launch(self, collective, tensor, tower_index, instance_key):
+        """One collective op of this group on the tower's device, in creation order."""
         with tf.device(self._devices[tower_index]):
             with tf.control_dependencies(self._order_after(tower_index)):
-                out = collective_ops.all_gather(
-                    tensor, len(self._devices), self._group_key, instance_key,
-                    self._communication_hint, self._timeout_seconds)
+                out = collective(tensor, len(self._devices), self._group_key, instance_key,
+                                 self._communication_hint, self._timeout_seconds)
         self._last_collective[tower_index] = out.op
-        out.set_shape([len(self._devices)] + tensor.shape.as_list()[1:])
         return out
 
     def _order_after(self, tower_index):
