@@ -240,3 +240,65 @@ def test_nccl_needs_every_tower_on_a_gpu():
             towerlib.exchange.CrossTowerReducer(
                 ["/device:GPU:0", "/device:CPU:0"], transport="collective",
                 communication_hint="nccl")
+
+
+def test_dynamic_batch_and_per_tower_inputs_match_parameter_server():
+    batch = helpers.image_batch(11, seed=11)
+    bounds = [(0, 4), (4, 8), (8, 11)]
+
+    def per_tower(ctx):
+        start, stop = bounds[ctx.index]
+        return tuple(tf.constant(x[start:stop]) for x in batch)
+
+    results = {}
+    for variable_update in ("parameter_server", "replicated"):
+        for source in ("fed", "per_tower"):
+            graph = tf.Graph()
+            with graph.as_default():
+                placeholders = tuple(
+                    tf.compat.v1.placeholder(tf.as_dtype(x.dtype), [None] + list(x.shape[1:]))
+                    for x in batch)
+                inputs = placeholders if source == "fed" else per_tower
+                train = towerlib.build_train_graph(
+                    helpers.conv_dense_model, inputs, _optimizer("momentum"),
+                    devices=helpers.cpu_devices(3), variable_update=variable_update)
+                start = _start_values()
+                with tf.compat.v1.Session(config=towerlib.session_config(3)) as session:
+                    session.run(tf.compat.v1.global_variables_initializer())
+                    helpers.load_values(session, _model_variables(), start)
+                    session.run(tf.compat.v1.local_variables_initializer())
+                    for _ in range(3):
+                        session.run(train.train_op, dict(zip(placeholders, batch)))
+                    results[variable_update, source] = _saved_values(session)
+    for source in ("fed", "per_tower"):
+        _assert_close(results["replicated", source], results["parameter_server", source])
+
+
+def test_ema_and_numerics_guard_work_with_copies(tmp_path):
+    batch = helpers.image_batch(8, seed=12)
+    with tf.Graph().as_default():
+        inputs = tuple(tf.constant(x) for x in batch)
+        guarded = towerlib.guard_numerics(_optimizer("momentum"), check_gradients=True)
+        train = towerlib.build_train_graph(
+            helpers.conv_dense_model, inputs, guarded, devices=helpers.cpu_devices(2),
+            variable_update="replicated", ema_decay=0.9)
+        assert train.numerics_guards == (guarded,)
+        result = towerlib.run_training(train, train_dir=str(tmp_path), max_steps=3,
+                                       session_config=towerlib.session_config(2),
+                                       save_summaries_steps=None)
+        assert result.global_step == 3
+    reader = tf.train.load_checkpoint(towerlib.find_restorable_checkpoint(str(tmp_path)))
+    names = reader.get_variable_to_shape_map()
+    assert "conv1/weights/ExponentialMovingAverage" in names
+    assert not [name for name in names if name.startswith("replicated/")]
+
+
+def test_copies_live_on_their_towers_devices():
+    with tf.Graph().as_default():
+        train = helpers.build_on_image_batch(
+            3, tower_fn=helpers.conv_dense_model, optimizer_kind="momentum",
+            variable_update="replicated")
+        for name, copies in train.variable_copies.items():
+            for tower, copy in enumerate(copies):
+                assert tf.DeviceSpec.from_string(copy.device).device_index == tower, (
+                    name, tower, copy.device)
