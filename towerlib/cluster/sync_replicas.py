@@ -205,6 +205,11 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             "build_sync_train_graph runs on a training task (worker or chief); a ps "
             "task only serves variables (run_parameter_server).")
     check_bn_mode_for_cluster(bn_mode, cluster)
+    if build_kwargs.get("variable_update", "parameter_server") != "parameter_server":
+        raise ValueError(
+            "variable_update='replicated' is for the towers of one machine; across "
+            "machines the variables live on the ps tasks. Leave variable_update "
+            "unset with build_sync_train_graph.")
     reserved = sorted(set(build_kwargs) & set(_RESERVED_BUILD_ARGS))
     if reserved:
         raise ValueError(f"{reserved} are set by build_sync_train_graph from the "

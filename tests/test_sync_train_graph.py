@@ -1,6 +1,8 @@
-"""The NaN guard travels on TrainGraph (no registry), also through sync replicas."""
+"""What build_sync_train_graph keeps of build_train_graph: the NaN guard on TrainGraph
+(no registry); replicated variables refused (they are for one machine)."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import towerlib
@@ -40,3 +42,13 @@ def test_sync_replicas_graph_keeps_the_guard_inside_its_wrapper():
             _tower, batch, guard, cluster, num_towers=2, device_type="cpu",
             device_function=placer)
         assert sync_graph.train_graph.numerics_guards == (guard,)
+
+
+def test_sync_replicas_refuse_replicated_variables():
+    cluster = cluster_lib.cluster_from_flags(
+        ps_hosts="localhost:1", worker_hosts="localhost:2", job_name="worker", task_index=0)
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="one machine"):
+            cluster_lib.build_sync_train_graph(
+                _tower, _batch(), tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
+                num_towers=2, device_type="cpu", variable_update="replicated")
