@@ -99,6 +99,10 @@ class ProcessGroup:
         with open(self.log_path(name), encoding="utf-8", errors="replace") as log:
             return log.read()
 
+    def latest_log_text(self, name):
+        """The log of `name`'s latest start only (a restarted process appends to its log)."""
+        return self.log_text(name).split(f"### start {name}:")[-1]
+
     def describe(self, name, lines=25):
         """The tail of a process's log, for assertion messages."""
         tail = "\n".join(self.log_text(name).splitlines()[-lines:])

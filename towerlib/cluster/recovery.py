@@ -20,6 +20,7 @@ restores the newest complete checkpoint in train_dir (towerlib.trainer).
 
 import logging
 import socket
+import threading
 import time
 
 import tensorflow as tf
@@ -30,6 +31,8 @@ logger = logging.getLogger("towerlib")
 
 # How long a replica waits for a lost ps task to come back, by default.
 DEFAULT_PS_RESTART_TIMEOUT_SECS = 300.0
+# Closing a session whose ps is gone never returns; it is given this long.
+SESSION_CLOSE_TIMEOUT_SECS = 3.0
 
 
 class PsUnavailableError(RuntimeError):
@@ -87,6 +90,53 @@ def wait_for_ps_to_answer(cluster, timeout_secs, poll_secs=0.5):
         time.sleep(poll_secs)
 
 
+def close_within(close_session, timeout_secs=SESSION_CLOSE_TIMEOUT_SECS):
+    """Calls `close_session` (a tf.compat.v1.Session's close), giving up after timeout_secs.
+
+    Returns True when the session closed in time.
+
+    Closing a gRPC session deregisters its graphs on every task, and waits
+    forever for a ps task that is gone. The close runs in a daemon thread,
+    left behind blocked in TensorFlow if it does not return in time.
+    """
+    failures = []
+
+    def close():
+        try:
+            close_session()
+        except tf.errors.OpError as error:
+            failures.append(error)
+
+    closer = threading.Thread(target=close, name="towerlib-close-session", daemon=True)
+    closer.start()
+    closer.join(timeout_secs)
+    if closer.is_alive():
+        logger.warning("A session did not close within %.0f s (a ps task is gone?); "
+                       "left behind.", timeout_secs)
+        return False
+    if failures:
+        logger.info("Closing a session: %s", failures[0].message.splitlines()[0])
+    return True
+
+
+def _with_bounded_close(session):
+    """`session`, whose close() (called by MonitoredSession) cannot hang.
+
+    Only the first call closes: Session.__del__ calls close() again, during
+    garbage collection, where starting a thread can deadlock.
+    """
+    unbounded_close = session.close
+    close_calls = []
+
+    def bounded_close():
+        if not close_calls:
+            close_calls.append(True)
+            close_within(unbounded_close)
+
+    session.close = bounded_close
+    return session
+
+
 class RecoveringSessionCreator(tf.compat.v1.train.SessionCreator):
     """Wraps a replica's session creator so that a lost ps task costs a bounded wait.
 
@@ -96,7 +146,10 @@ class RecoveringSessionCreator(tf.compat.v1.train.SessionCreator):
     with UnavailableError or AbortedError, first waits for the ps tasks
     (PsUnavailableError after `timeout_secs`), renews `control` (its session
     lived on the old ps) and, on a non-chief, waits for the chief to have
-    restored the variables (TimeoutError after `timeout_secs`).
+    restored the variables (TimeoutError after `timeout_secs`). The sessions
+    it returns close within SESSION_CLOSE_TIMEOUT_SECS (MonitoredSession
+    closes the old session before asking for a new one, and that close
+    alone would wait for a dead ps forever).
 
     Args:
       inner: run_training's SessionCreator.
@@ -115,7 +168,7 @@ class RecoveringSessionCreator(tf.compat.v1.train.SessionCreator):
     def create_session(self):
         if self.sessions_created:
             self._wait_until_the_ps_tasks_are_back()
-        session = self._inner.create_session()
+        session = _with_bounded_close(self._inner.create_session())
         self.sessions_created += 1
         return session
 

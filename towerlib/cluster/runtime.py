@@ -85,10 +85,7 @@ class ControlSession:
 
     def renew(self):
         """Replaces the session by a new one (the old one's graphs died with a ps task)."""
-        try:
-            self._session.close()
-        except tf.errors.OpError as error:
-            logger.info("Closing the old control session: %s", error.message)
+        recovery.close_within(self._session.close)
         self._session = tf.compat.v1.Session(self._target, config=self._config)
 
     def uninitialized_variables(self, timeout_secs=10.0):
@@ -130,7 +127,8 @@ class ControlSession:
                            error.message)
 
     def close(self):
-        self._session.close()
+        """Closes the session, within recovery.SESSION_CLOSE_TIMEOUT_SECS (a dead ps hangs it)."""
+        recovery.close_within(self._session.close)
 
 
 def run_distributed_training(

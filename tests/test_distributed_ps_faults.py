@@ -1,0 +1,121 @@
+"""A parameter server killed mid-run: restarted, training goes on; gone, workers stop.
+
+One ps and two workers (examples/distributed/train.py, two virtual CPU towers
+each, data keyed by the global step) as real processes on 127.0.0.1. Every
+process is bounded by the ProcessGroup budget and killed in teardown, also
+when a test fails.
+"""
+
+import re
+import time
+
+import pytest
+import tensorflow as tf
+
+from tests.distributed_processes import free_ports
+
+STEP_LOG = re.compile(r"step (\d+), loss = ([0-9.]+)")
+RESTORED = re.compile(r"Restoring parameters from (\S+)")
+PROCESS_BUDGET_SECS = 90  # hard bound on every process of a test (the `processes` fixture)
+PS_RESTART_TIMEOUT_SECS = 3
+
+# Every test starts a cluster of real processes.
+pytestmark = pytest.mark.slow
+
+
+def cluster_flags(train_dir, max_steps, extra=()):
+    ps, worker0, worker1 = free_ports(3)
+    return [f"--ps_hosts=127.0.0.1:{ps}",
+            f"--worker_hosts=127.0.0.1:{worker0},127.0.0.1:{worker1}",
+            f"--train_dir={train_dir}", f"--max_steps={max_steps}",
+            "--global_batch_size=16", "--log_every_n_steps=1",
+            "--sleep_secs_per_step=0.2", *extra]
+
+
+def start_cluster(processes, flags):
+    processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=80"])
+    for task in (0, 1):
+        processes.start(f"worker{task}", flags + [
+            "--job_name=worker", f"--task_index={task}", "--num_towers=2"])
+
+
+def checkpoint_step(prefix):
+    """'.../model.ckpt-12' -> 12."""
+    return int(prefix.rsplit("-", 1)[1])
+
+
+def losses_by_step(text):
+    """[(step, loss), ...] in the order logged."""
+    return [(int(step), float(loss)) for step, loss in STEP_LOG.findall(text)]
+
+
+def test_restarted_ps_training_goes_on_from_the_newest_checkpoint(processes, tmp_path):
+    steps = 16
+    train_dir = tmp_path / "train"
+    flags = cluster_flags(train_dir, steps, ["--save_checkpoint_steps=2"])
+    start_cluster(processes, flags)
+
+    def checkpoint_at_step_6_or_later():
+        checkpoint = tf.train.latest_checkpoint(str(train_dir))
+        return checkpoint if checkpoint and checkpoint_step(checkpoint) >= 6 else None
+
+    processes.wait_for(checkpoint_at_step_6_or_later, "checkpoint at step >= 6", 60,
+                       watched="worker0")
+    processes.kill("ps")
+    # Saving needs the ps (it writes the shards): nothing newer appears now.
+    newest = tf.train.latest_checkpoint(str(train_dir))
+    before_kill = losses_by_step(processes.log_text("worker0"))
+    assert max(step for step, _ in before_kill) < steps - 2, "ended before the kill"
+    processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=80"])
+
+    for name in ("worker0", "worker1", "ps"):
+        code = processes.wait(name, 60)
+        assert code == 0, f"{name} exited with {code}.\n" + processes.describe(name)
+
+    chief_log = processes.log_text("worker0")
+    recreated = chief_log.split("The chief's session is being recreated")
+    assert len(recreated) == 2, processes.describe("worker0")
+    restored = RESTORED.findall(recreated[1])
+    # The chief restored the newest checkpoint on disk, not fresh weights
+    # and not the one it chose at start (there was none then).
+    assert restored[:1] == [newest], (restored, newest)
+    after_restore = losses_by_step(recreated[1])
+    assert after_restore[0][0] == checkpoint_step(newest) + 1, after_restore[:3]
+    assert [step for step, _ in after_restore] == list(
+        range(checkpoint_step(newest) + 1, steps + 1))
+    # The data is keyed by the global step: a step redone from the newest
+    # checkpoint has exactly the loss it had before the kill.
+    first_run = dict(before_kill)
+    for step, loss in after_restore:
+        if step in first_run:
+            assert loss == pytest.approx(first_run[step], abs=1e-6), step
+    assert f"finished: global_step={steps}" in chief_log
+    assert f"finished: global_step={steps}" in processes.log_text("worker1")
+    # The restarted ps heard from both workers and exited by itself.
+    assert "every worker is done" in processes.latest_log_text("ps")
+    final = tf.train.latest_checkpoint(str(train_dir))
+    assert checkpoint_step(final) == steps
+    assert tf.train.load_checkpoint(final).get_tensor("global_step") == steps
+
+
+def test_ps_gone_for_good_workers_stop_within_their_bound(processes, tmp_path):
+    flags = cluster_flags(tmp_path / "train", 200,
+                          [f"--ps_restart_timeout_secs={PS_RESTART_TIMEOUT_SECS}"])
+    start_cluster(processes, flags)
+    processes.wait_for_log("worker1", r"step [3-9], loss", 60)
+    processes.kill("ps")
+    killed_at = time.monotonic()
+
+    # The bound: the old session's close (3 s), the wait for the ps, the
+    # control session's close (3 s), plus process exit.
+    bound = PS_RESTART_TIMEOUT_SECS + 3 + 3 + 10
+    for name in ("worker0", "worker1"):
+        code = processes.wait(name, bound - (time.monotonic() - killed_at))
+        assert code != 0, processes.describe(name)
+        log = processes.log_text(name)
+        assert re.search(
+            rf"PsUnavailableError: Replica {name[-1]} lost its connection to ps task 0 "
+            rf"\(ps:0 at 127\.0\.0\.1:\d+\) and it did not come back within "
+            rf"{PS_RESTART_TIMEOUT_SECS} s", log), processes.describe(name)
+        assert "restart it with the same command" in log
+    assert time.monotonic() - killed_at < bound
