@@ -74,7 +74,11 @@ def _assert_close(left, right):
     assert helpers.max_abs_difference(left, right) <= TOLERANCE
 
 
-@pytest.mark.parametrize("num_towers", [1, 2, 3, 4])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("num_towers", [pytest.param(1, marks=SLOW), 2, 3,
+                                        pytest.param(4, marks=SLOW)])
 def test_weights_and_slots_equal_parameter_server_and_one_device(num_towers):
     batch = helpers.image_batch(10)  # not divisible by 3 or 4
     replicated, train, copies = run(
@@ -91,7 +95,7 @@ def test_weights_and_slots_equal_parameter_server_and_one_device(num_towers):
     assert [g for g, v in train.grads_and_vars if v.op.name == "conv1/weights"]
 
 
-@pytest.mark.parametrize("optimizer_kind", ["sgd", "adam"])
+@pytest.mark.parametrize("optimizer_kind", [pytest.param("sgd", marks=SLOW), "adam"])
 def test_other_optimizers(optimizer_kind):
     batch = helpers.image_batch(10, seed=2)
     replicated, _, copies = run(helpers.conv_dense_model, batch, optimizer_kind, 3,
@@ -125,7 +129,7 @@ def test_collective_transport_gives_the_same_result():
     _assert_copies_identical(copies, 3)
 
 
-@pytest.mark.parametrize("num_towers", [2, 3])
+@pytest.mark.parametrize("num_towers", [2, pytest.param(3, marks=SLOW)])
 def test_sparse_gradients_stay_sparse_and_match(num_towers):
     batch = helpers.id_batch(10)
     replicated, train, copies = run(helpers.embedding_model, batch, "momentum", num_towers,

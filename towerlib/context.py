@@ -62,8 +62,9 @@ class TowerRecords:
     def add_batch_norm(self, layer_name, statistics):
         self.batch_norm.setdefault(layer_name, []).append(statistics)
 
-    def add_scalar(self, name, tower_index, value):
-        self.scalars.setdefault(name, []).append((tower_index, value))
+    def add_scalar(self, name, tower_key, value):
+        """tower_key: (micro-batch, tower index), which the builder's shares are keyed by."""
+        self.scalars.setdefault(name, []).append((tower_key, value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,8 @@ class TowerContext:
         used outside a builder (then batch norm puts its moving-average
         updates into the UPDATE_OPS collection, as plain TF 1 code expects).
       cross_tower: the build's cross-tower reducer for bn_mode='sync', else None.
+      micro_batch: with gradient accumulation (accumulation_steps=k), which of
+        the step's k micro-batches this tower is building, 0..k-1; else 0.
     """
 
     index: int = 0
@@ -95,6 +98,7 @@ class TowerContext:
     batch_size: Optional[tf.Tensor] = None
     records: Optional[TowerRecords] = None
     cross_tower: Any = None
+    micro_batch: int = 0
 
     def __post_init__(self):
         check_bn_mode(self.bn_mode)

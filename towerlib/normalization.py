@@ -378,19 +378,23 @@ def moving_average_updates(records, bn_mode):
     updates = []
     with tf.name_scope("batch_norm_updates"):
         for layer_statistics in records.batch_norm.values():
-            first = layer_statistics[0]
-            if bn_mode == "all_towers" and len(layer_statistics) > 1:
+            # 'all_towers' pools every tower's shard; 'first_tower' uses tower
+            # 0's shard, 'sync' tower 0's global statistics: with gradient
+            # accumulation, pooled over the step's micro-batches.
+            used = (layer_statistics if bn_mode == "all_towers" else
+                    [s for s in layer_statistics if s.tower_index == 0])
+            first = used[0]
+            if len(used) > 1:
                 with tf.device(first.moving_mean.device):
-                    _, mean, variance = pooled_statistics(layer_statistics)
-                first = BatchNormStatistics(
-                    tower_index=-1, count=None, mean=mean, variance=variance,
-                    moving_mean=first.moving_mean,
-                    moving_variance=first.moving_variance, momentum=first.momentum)
-            # 'first_tower' uses tower 0's shard; 'sync' tower 0's global statistics.
+                    _, mean, variance = pooled_statistics(used)
+                first = dataclasses.replace(
+                    first, tower_index=-1, count=None, mean=mean, variance=variance)
             updates.extend(_updates_from(first))
             # Replicated variables: every tower's own copy takes the same update.
-            for copy in layer_statistics[1:]:
-                if copy.moving_mean is not first.moving_mean:
+            updated = {id(first.moving_mean)}
+            for copy in layer_statistics:
+                if id(copy.moving_mean) not in updated:
+                    updated.add(id(copy.moving_mean))
                     updates.extend(_updates_from(dataclasses.replace(
                         first, moving_mean=copy.moving_mean,
                         moving_variance=copy.moving_variance)))

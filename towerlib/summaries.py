@@ -47,7 +47,7 @@ def tower_scalar(ctx, name, value):
     if ctx.records is None:
         scalar_summary(strip_tower_prefix(name), value)
     else:
-        ctx.records.add_scalar(strip_tower_prefix(name), ctx.index, value)
+        ctx.records.add_scalar(strip_tower_prefix(name), (ctx.micro_batch, ctx.index), value)
 
 
 def merge_tower_scalars(records, tower_shares, collections=None):
@@ -55,15 +55,15 @@ def merge_tower_scalars(records, tower_shares, collections=None):
 
     Args:
       records: the build's TowerRecords.
-      tower_shares: float32 scalar tensors, tower i's fraction of the global
-        batch (summing to 1).
+      tower_shares: {(micro-batch, tower index): float32 scalar}, each
+        micro-batch tower's fraction of the global batch (summing to 1).
 
     Returns:
       {name: merged scalar tensor}.
     """
     merged = {}
     for name, values in records.scalars.items():
-        shares = [tower_shares[index] for index, _ in values]
+        shares = [tower_shares[key] for key, _ in values]
         total_share = tf.add_n(shares)
         merged[name] = tf.add_n(
             [share * tf.cast(value, tf.float32) for share, (_, value) in zip(shares, values)]

@@ -144,7 +144,8 @@ def resolve_devices(num_towers=None, devices=None, device_type=None):
 def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                  device_type=None, is_training=True, bn_mode="first_tower", param_device="cpu",
                  reuse_variables=False, records=None, cross_tower=None,
-                 require_loss=True, check_isolation=True, variable_getter=None):
+                 require_loss=True, check_isolation=True, variable_getter=None,
+                 micro_batch=0):
     """Builds `tower_fn` once per device and returns what each tower made.
 
     Args:
@@ -168,6 +169,8 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       variable_getter: None, or a function tower index -> custom getter for
         that tower's variable scope (replicated variables give each tower its
         own copies this way: towerlib.variable_copies).
+      micro_batch: which micro-batch of an accumulated step these towers
+        build (TowerContext.micro_batch); 0 without accumulation.
 
     Returns:
       (towers, records): a list of `Tower`, and the TowerRecords.
@@ -210,7 +213,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                     index=index, num_towers=num_towers, device=device,
                     is_training=is_training, bn_mode=bn_mode,
                     name_scope=name_scope, records=records,
-                    cross_tower=cross_tower)
+                    cross_tower=cross_tower, micro_batch=micro_batch)
                 if per_tower_input_fn is not None:
                     with tf.device(devices_lib.host_cpu(device)), tf.name_scope("input"):
                         tower_inputs = per_tower_input_fn(ctx)

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from towerlib import accumulation
 from towerlib import exchange
 from towerlib import foreign_batch_norm
 from towerlib import guards
@@ -164,7 +165,7 @@ def _chosen_update_ops(towers, records, bn_mode):
 
 def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device=None,
-                      variable_update="parameter_server",
+                      variable_update="parameter_server", accumulation_steps=1,
                       gradient_pack_bytes=variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES,
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
@@ -192,6 +193,9 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         see towerlib.variable_update).
       gradient_pack_bytes: with 'replicated', dense gradients are packed into
         all-reduce buffers of at most this many bytes (0: one per gradient).
+      accumulation_steps: k >= 1; one optimizer step consumes k micro-batches
+        per tower, the global batch split k ways then over the towers, the
+        gradients summed in float32 (see towerlib.accumulation).
       global_step: a step variable; default get_or_create_global_step().
       ema_decay: if set, keep an ExponentialMovingAverage of the trainable
         weights, updated after each step (evaluate with `ema_restore_map`).
@@ -230,51 +234,68 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         variable_update, len(devices), param_device, cross_tower, gradient_pack_bytes)
     global_step = _global_step_for(global_step, update.param_device, devices)
 
+    accumulation_steps = accumulation.check_accumulation_steps(accumulation_steps)
+    host = devices_lib.host_cpu(devices[0])
+    micro_inputs, global_examples = accumulation.micro_batches(
+        inputs, accumulation_steps, devices, bn_mode, host)
+
     records = TowerRecords(len(devices))
     trainable_before = set(tf.compat.v1.trainable_variables())
-    regularization_before = tf.compat.v1.get_collection(
-        tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
-    towers, records = towers_lib.build_towers(
-        tower_fn, inputs, devices=devices, is_training=True, bn_mode=bn_mode,
-        param_device=update.param_device, records=records, cross_tower=cross_tower,
-        check_isolation=check_isolation, variable_getter=update.variable_getter)
-    foreign_batch_norm.check_towers(towers, bn_mode)  # before any gradient is built
-    update.check_towers(towers)
-    if cross_tower is not None:
-        # A tower that made fewer synchronized calls fails here, at build time,
-        # not as an exchange waiting for it at run time.
-        cross_tower.check_consistent()
+    towers, shares, tower_grads_and_vars = [], [], []
+    shared_terms, weighted_tower_regularization = [], []
+    for micro_batch, micro_batch_inputs in enumerate(micro_inputs):
+        regularization_before = tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES)
+        previous_gradients = [g for pairs in tower_grads_and_vars for g, _ in pairs
+                              if g is not None]
+        with accumulation.micro_batch_scope(micro_batch, accumulation_steps):
+            built, records = towers_lib.build_towers(
+                tower_fn, accumulation.after(micro_batch_inputs, previous_gradients, host),
+                devices=devices, is_training=True, bn_mode=bn_mode,
+                param_device=update.param_device, records=records,
+                cross_tower=cross_tower, check_isolation=check_isolation,
+                variable_getter=update.variable_getter,
+                reuse_variables=micro_batch > 0, micro_batch=micro_batch)
+        foreign_batch_norm.check_towers(built, bn_mode)  # before any gradient is built
+        update.check_towers(built)
+        if cross_tower is not None:
+            # A tower that made fewer synchronized calls fails here, at build
+            # time, not as an exchange waiting for it at run time.
+            cross_tower.check_consistent()
 
-    if var_list is None:
-        trainable = tf.compat.v1.trainable_variables()
-        var_list = [v for v in trainable if v not in trainable_before] or trainable
-    if not var_list:
-        raise ValueError("There are no trainable variables: the tower function "
-                         "created none and none existed before.")
+        if var_list is None:
+            trainable = tf.compat.v1.trainable_variables()
+            var_list = [v for v in trainable if v not in trainable_before] or trainable
+        if not var_list:
+            raise ValueError("There are no trainable variables: the tower function "
+                             "created none and none existed before.")
 
-    shares = _tower_shares(towers)
-    new_regularization = _new_regularization_losses(regularization_before)
-    shared_terms, tower_terms = _split_regularization(new_regularization, towers)
-    # The TF 1 tutorial's tower loss, add_n of its scoped 'losses' collection,
-    # holds the weight decay: keep it out of `loss` and count it once.
-    towers, collection_terms = loss_terms.separate_regularization(
-        towers, new_regularization)
-    shared_terms = shared_terms + collection_terms
-    host = devices_lib.host_cpu(devices[0])
+        built_shares = (_tower_shares(built) if global_examples is None else
+                        [tf.cast(t.context.batch_size, tf.float32) / global_examples
+                         for t in built])
+        new_regularization = _new_regularization_losses(regularization_before)
+        built_shared_terms, tower_terms = _split_regularization(new_regularization, built)
+        # The TF 1 tutorial's tower loss, add_n of its scoped 'losses' collection,
+        # holds the weight decay: keep it out of `loss` and count it once.
+        built, collection_terms = loss_terms.separate_regularization(
+            built, new_regularization)
+        if micro_batch == 0:  # weights' terms exist once, from the first build
+            shared_terms = built_shared_terms + collection_terms
 
-    tower_grads_and_vars = []
-    weighted_tower_regularization = []
-    for tower, share, own_terms in zip(towers, shares, tower_terms):
-        with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
-            objective = share * tower.loss
-            if own_terms:
-                weighted_tower_regularization.append(share * tf.add_n(own_terms))
-                objective += weighted_tower_regularization[-1]
-            if tower.context.is_first and shared_terms:
-                objective += tf.add_n(shared_terms, name="regularization")
-            tower_grads_and_vars.append(optimizer.compute_gradients(
-                objective, var_list=update.tower_variables(var_list, tower.context.index),
-                colocate_gradients_with_ops=True))
+        for tower, share, own_terms in zip(built, built_shares, tower_terms):
+            with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
+                objective = share * tower.loss
+                if own_terms:
+                    weighted_tower_regularization.append(share * tf.add_n(own_terms))
+                    objective += weighted_tower_regularization[-1]
+                if tower.context.is_first and micro_batch == 0 and shared_terms:
+                    objective += tf.add_n(shared_terms, name="regularization")
+                tower_grads_and_vars.append(optimizer.compute_gradients(
+                    objective,
+                    var_list=update.tower_variables(var_list, tower.context.index),
+                    colocate_gradients_with_ops=True))
+        towers.extend(built)
+        shares.extend(built_shares)
 
     if cross_tower is not None:
         cross_tower.check_consistent()  # the backward exchanges, too
@@ -295,6 +316,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
 
     with tf.device(host), tf.name_scope("losses"):
         loss = tf.add_n([s * t.loss for s, t in zip(shares, towers)], name="loss")
+        tower_losses, tower_shares, tower_outputs, contexts = accumulation.per_tower(
+            towers, shares, len(devices))
         all_terms = shared_terms + weighted_tower_regularization
         regularization_loss = (
             tf.add_n(all_terms, name="regularization_loss")
@@ -304,7 +327,9 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     scalars = {}
     if summaries:
         with tf.device(host):
-            scalars = summaries_lib.merge_tower_scalars(records, shares)
+            scalars = summaries_lib.merge_tower_scalars(records, {
+                (t.context.micro_batch, t.context.index): share
+                for t, share in zip(towers, shares)})
             summaries_lib.scalar_summary("loss", loss)
             summaries_lib.scalar_summary("total_loss", total_loss)
             summaries_lib.scalar_summary("regularization_loss", regularization_loss)
@@ -314,10 +339,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     return TrainGraph(
         train_op=train_op, loss=loss, total_loss=total_loss,
         regularization_loss=regularization_loss,
-        tower_losses=[t.loss for t in towers], tower_shares=shares,
-        tower_outputs=[t.outputs for t in towers], global_step=global_step,
+        tower_losses=tower_losses, tower_shares=tower_shares,
+        tower_outputs=tower_outputs, global_step=global_step,
         grads_and_vars=grads_and_vars, update_ops=update_ops, ema=ema,
-        devices=devices, contexts=[t.context for t in towers], scalars=scalars,
+        devices=devices, contexts=contexts, scalars=scalars,
         numerics_guards=tuple(guards.guards_in(optimizer)),
         variable_update=update.name, variable_copies=update.copies)
 
