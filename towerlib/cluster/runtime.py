@@ -127,7 +127,7 @@ class ControlSession:
                            error.message)
 
     def close(self):
-        """Closes the session, within recovery.SESSION_CLOSE_TIMEOUT_SECS (a dead ps hangs it)."""
+        """Closes the session, giving up after a few seconds (a dead ps hangs it)."""
         recovery.close_within(self._session.close)
 
 
