@@ -18,7 +18,8 @@ from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_ran
                                   check_record_files)
 from towerlib.determinism import seed_everything
 from towerlib.foreign_batch_norm import ForeignBatchNormError
-from towerlib.devices import session_config, tower_devices, variable_placer
+from towerlib.devices import (missing_tower_devices, session_config, tower_devices,
+                              variable_placer)
 from towerlib.gradients import aggregate_gradients
 from towerlib.guards import NonFiniteError, guard_numerics
 from towerlib.inputs import split_global_batch
@@ -39,6 +40,7 @@ __all__ = [
     "batch_norm", "build_towers", "build_train_graph", "ema_restore_map",
     "pooled_statistics", "run_training", "session_config", "split_global_batch",
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
+    "missing_tower_devices",
     # Submodules.
     "cluster", "collective", "exchange", "hooks", "layers",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.

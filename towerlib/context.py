@@ -62,6 +62,26 @@ class TowerRecords:
     def add_batch_norm(self, layer_name, statistics):
         self.batch_norm.setdefault(layer_name, []).append(statistics)
 
+    def check_batch_norm_in_every_tower(self):
+        """Refuses a batch-norm layer that some towers built and others did not.
+
+        Under `if ctx.index == 0:` the towers would train different models
+        (and with sync batch norm, wait for each other); every tower must call
+        the same layers. With accumulation each micro-batch adds one entry per
+        tower, so every tower must have as many.
+        """
+        for layer, statistics in self.batch_norm.items():
+            counts = collections.Counter(s.tower_index for s in statistics)
+            if len({counts.get(t, 0) for t in range(self.num_towers)}) > 1:
+                missing = [t for t in range(self.num_towers)
+                           if counts.get(t, 0) < max(counts.values())]
+                raise ValueError(
+                    f"Batch-norm layer '{layer}' was built by towers "
+                    f"{sorted(counts)} but not (or less often) by towers {missing}. "
+                    "Every tower must call the same layers the same number of times: "
+                    "do not make a layer depend on ctx.index or ctx.is_first, or the "
+                    "towers train different models.")
+
     def add_scalar(self, name, tower_key, value):
         """tower_key: (micro-batch, tower index), which the builder's shares are keyed by."""
         self.scalars.setdefault(name, []).append((tower_key, value))

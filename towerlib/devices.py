@@ -172,3 +172,23 @@ def host_cpu(device):
     """
     spec = tf.DeviceSpec.from_string(device)
     return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+def missing_tower_devices(session, tower_devices):
+    """[(tower index, device)] for each tower device `session` does not have.
+
+    Soft placement would otherwise run such a tower somewhere else without a
+    word: '/device:CPU:5' on a session of 2 CPUs, or a GPU tower on a
+    machine without GPUs. Job and task are compared when the tower names them.
+    """
+    available = [tf.DeviceSpec.from_string(d.name) for d in session.list_devices()]
+
+    def present(spec):
+        return any(
+            a.device_type == spec.device_type
+            and spec.device_index in (None, a.device_index)
+            and spec.job in (None, a.job) and spec.task in (None, a.task)
+            for a in available)
+
+    return [(index, device) for index, device in enumerate(tower_devices)
+            if not present(tf.DeviceSpec.from_string(device))]

@@ -53,6 +53,21 @@ def _channels(x, data_format):
     return int(channels)
 
 
+_LAYER_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+
+
+def _check_float_input(x, layer, name):
+    """Refuses integer or float64 inputs with the fix, before TensorFlow does, deep down."""
+    x = tf.convert_to_tensor(x)
+    if x.dtype.base_dtype not in _LAYER_DTYPES:
+        raise TypeError(
+            f"{layer} '{name}' got {x.name} of dtype {x.dtype.name}; towerlib's "
+            "layers compute in float32, float16 or bfloat16 (their weights take the "
+            "input's dtype). Cast the input first, e.g. images = "
+            "tf.cast(images, tf.float32) / 255.0 for uint8 pixels.")
+    return x
+
+
 def conv2d(x, filters, kernel_size, *, name, strides=1, padding="SAME",
            use_bias=True, activation=None, weight_decay=0.0,
            kernel_initializer=None, data_format="NHWC"):
@@ -69,6 +84,7 @@ def conv2d(x, filters, kernel_size, *, name, strides=1, padding="SAME",
     """
     if data_format not in ("NHWC", "NCHW"):
         raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
+    x = _check_float_input(x, "conv2d", name)
     kh, kw = _pair(kernel_size, "kernel_size", name)
     sh, sw = _pair(strides, "strides", name)
     in_channels = _channels(x, data_format)
@@ -91,6 +107,7 @@ def conv2d(x, filters, kernel_size, *, name, strides=1, padding="SAME",
 def dense(x, units, *, name, use_bias=True, activation=None, weight_decay=0.0,
           kernel_initializer=None):
     """Fully connected layer: [N, D] -> [N, units]."""
+    x = _check_float_input(x, "dense", name)
     if x.shape.rank != 2 or x.shape[-1] is None:
         raise ValueError(
             f"dense expects a [batch, features] input with known features, got "
@@ -115,6 +132,10 @@ def embedding(ids, vocab_size, dim, *, name, weight_decay=0.0, initializer=None)
     The gradient of the table is IndexedSlices, and stays sparse through
     towerlib's aggregation.
     """
+    ids = tf.convert_to_tensor(ids)
+    if not ids.dtype.is_integer:
+        raise TypeError(f"embedding '{name}' needs integer ids, got {ids.name} of dtype "
+                        f"{ids.dtype.name}; cast them with tf.cast(ids, tf.int32).")
     with tf.compat.v1.variable_scope(name):
         table = tf.compat.v1.get_variable(
             "embeddings", [vocab_size, dim],

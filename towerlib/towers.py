@@ -103,7 +103,16 @@ def _split_result(result, tower_index, require_loss):
         raise TypeError(
             f"Tower {tower_index}'s loss {loss.name} has dtype {loss.dtype.name}; "
             "a loss must be a float tensor.")
-    if loss.shape.rank is not None and loss.shape.rank != 0:
+    if loss.shape.rank is None:
+        # Unknown at build time: checked at the first step, before it trains.
+        check = tf.debugging.assert_rank(
+            loss, 0, message=(
+                f"Tower {tower_index}'s loss must be a scalar, the mean over its "
+                "examples (e.g. tf.reduce_mean(per_example_loss)); at run time it "
+                "is not"))
+        with tf.control_dependencies([check]):
+            loss = tf.identity(loss)
+    elif loss.shape.rank != 0:
         raise ValueError(
             f"Tower {tower_index}'s loss {loss.name} has shape {loss.shape}, not a "
             "scalar. Return the mean over this tower's examples, e.g. "
