@@ -21,12 +21,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from towerlib import accumulation
+from towerlib import apply_step
 from towerlib import exchange
 from towerlib import foreign_batch_norm
 from towerlib import guards
+from towerlib import loss_scaling
 from towerlib import loss_terms
+from towerlib import mixed_precision
 from towerlib import devices as devices_lib
-from towerlib import normalization
 from towerlib import summaries as summaries_lib
 from towerlib import towers as towers_lib
 from towerlib import variable_update as variable_update_lib
@@ -58,6 +60,8 @@ class TrainGraph:
       variable_copies: with 'replicated', {tower 0's variable name: every
         tower's copy, in tower order} for the weights, moving statistics and
         optimizer slots; {} otherwise.
+      loss_scale: the towerlib.loss_scaling.LossScale of a float16 build
+        (run_training adds its floor hook), else None.
     """
 
     train_op: tf.Operation
@@ -77,6 +81,7 @@ class TrainGraph:
     numerics_guards: Tuple[Any, ...] = ()
     variable_update: str = "parameter_server"
     variable_copies: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
+    loss_scale: Any = None
 
 
 def _check_optimizer(optimizer):
@@ -121,6 +126,28 @@ def _make_cross_tower_reducer(bn_mode, variable_update, devices, timeout_seconds
         devices, timeout_seconds=timeout_seconds, transport=transport)
 
 
+def _check_loss_scale(compute_dtype, loss_scale, optimizer):
+    if loss_scale is not None and compute_dtype != tf.float16:
+        raise ValueError(
+            f"loss_scale={loss_scale!r} with compute_dtype='{compute_dtype.name}': only "
+            "float16 needs loss scaling (its gradients underflow); bfloat16 has "
+            "float32's range. Drop loss_scale, or use compute_dtype='float16'.")
+    if compute_dtype != tf.float16:
+        return
+    for guard in guards.guards_in(optimizer):
+        if guard.check_gradients:
+            raise ValueError(
+                "guard_numerics(check_gradients=True) with compute_dtype='float16': "
+                "under loss scaling an overflowing gradient is expected (the step is "
+                "skipped and the scale lowered), not an error. Use "
+                "guard_numerics(optimizer), which still stops on a non-finite loss.")
+    if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+        raise ValueError(
+            "compute_dtype='float16' with SyncReplicasOptimizer: a replica that skips an "
+            "overflowing step sends no gradients and the others would wait for it. "
+            "Use compute_dtype='bfloat16' (no loss scaling) across machines.")
+
+
 def _tower_shares(towers):
     counts = [tf.cast(t.context.batch_size, tf.float32) for t in towers]
     with tf.name_scope("tower_shares"):
@@ -150,22 +177,10 @@ def _split_regularization(terms, towers):
     return [t for t in terms if id(t) not in in_towers], tower_terms
 
 
-def _chosen_update_ops(towers, records, bn_mode):
-    """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
-
-    The user's own update ops cannot be pooled, so 'first_tower' runs tower
-    0's and the other modes run every tower's.
-    """
-    updates = normalization.moving_average_updates(records, bn_mode)
-    for tower in towers:
-        if bn_mode != "first_tower" or tower.context.is_first:
-            updates.extend(tower.update_ops)
-    return updates
-
-
 def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device=None,
                       variable_update="parameter_server", accumulation_steps=1,
+                      compute_dtype="float32", loss_scale=None,
                       gradient_pack_bytes=variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES,
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
@@ -196,6 +211,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
       accumulation_steps: k >= 1; one optimizer step consumes k micro-batches
         per tower, the global batch split k ways then over the towers, the
         gradients summed in float32 (see towerlib.accumulation).
+      compute_dtype: 'float32', 'float16' or 'bfloat16': the towers compute
+        in it (floating inputs cast to it, trainable variables stored in
+        float32 and read cast to it); the loss, batch-norm statistics and
+        gradients stay float32 (see towerlib.mixed_precision).
+      loss_scale: with 'float16': None or 'dynamic' (the default: dynamic
+        loss scaling, towerlib.loss_scaling), a number (a fixed scale) or a
+        towerlib.loss_scaling.LossScale. Refused with the other dtypes, which
+        need none.
       global_step: a step variable; default get_or_create_global_step().
       ema_decay: if set, keep an ExponentialMovingAverage of the trainable
         weights, updated after each step (evaluate with `ema_restore_map`).
@@ -235,7 +258,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     global_step = _global_step_for(global_step, update.param_device, devices)
 
     accumulation_steps = accumulation.check_accumulation_steps(accumulation_steps)
+    compute_dtype = mixed_precision.check_compute_dtype(compute_dtype)
+    _check_loss_scale(compute_dtype, loss_scale, optimizer)
     host = devices_lib.host_cpu(devices[0])
+    if compute_dtype == tf.float16:
+        with tf.device(host):
+            loss_scale = loss_scaling.make_loss_scale(
+                "dynamic" if loss_scale is None else loss_scale)
+    tower_fn = mixed_precision.compute_in(tower_fn, compute_dtype)
     micro_inputs, global_examples = accumulation.micro_batches(
         inputs, accumulation_steps, devices, bn_mode, host)
 
@@ -291,6 +321,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                     objective += weighted_tower_regularization[-1]
                 if tower.context.is_first and micro_batch == 0 and shared_terms:
                     objective += tf.add_n(shared_terms, name="regularization")
+                if loss_scale is not None:
+                    objective = loss_scale.scale(objective)
                 tower_grads_and_vars.append(optimizer.compute_gradients(
                     objective,
                     var_list=update.tower_variables(var_list, tower.context.index),
@@ -303,22 +335,20 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     pairs, grads_and_vars = update.combine(tower_grads_and_vars)
     if cross_tower is not None:
         cross_tower.check_consistent()  # and the gradients' all-reduce
-    update_ops = _chosen_update_ops(towers, records, bn_mode)
-    with tf.control_dependencies(update_ops):
-        apply_op = update.apply(optimizer, pairs, global_step)
-
-    ema = None
-    train_op = apply_op
-    if ema_decay is not None:
-        ema = tf.compat.v1.train.ExponentialMovingAverage(
-            ema_decay, num_updates=global_step)
-        with tf.control_dependencies([apply_op]):
-            train_op = tf.group(ema.apply(var_list), name="train_op")
+    if loss_scale is not None:
+        pairs = loss_scale.unscale(pairs)
+        grads_and_vars = pairs[:len(grads_and_vars)]  # tower 0's come first
 
     with tf.device(host), tf.name_scope("losses"):
         loss = tf.add_n([s * t.loss for s, t in zip(shares, towers)], name="loss")
         tower_losses, tower_shares, tower_outputs, contexts = accumulation.per_tower(
             towers, shares, len(devices))
+    train_op, update_ops, ema = apply_step.build_apply(
+        optimizer, update, pairs, towers, records, bn_mode, global_step,
+        ema_decay=ema_decay, var_list=var_list, loss_scale=loss_scale,
+        losses=[t.loss for t in towers])
+
+    with tf.device(host), tf.name_scope("losses"):
         all_terms = shared_terms + weighted_tower_regularization
         regularization_loss = (
             tf.add_n(all_terms, name="regularization_loss")
@@ -345,7 +375,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         grads_and_vars=grads_and_vars, update_ops=update_ops, ema=ema,
         devices=devices, contexts=contexts, scalars=scalars,
         numerics_guards=tuple(guards.guards_in(optimizer)),
-        variable_update=update.name, variable_copies=update.copies)
+        variable_update=update.name, variable_copies=update.copies,
+        loss_scale=loss_scale)
 
 
 def ema_restore_map(ema_decay, var_list=None):

@@ -1,0 +1,159 @@
+"""compute_dtype and loss scaling through build_train_graph and run_training."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import towerlib
+from tests import helpers
+from towerlib import layers
+
+GRADIENT_FACTOR = "gradient_factor"
+
+
+def _scaled_gradient(x, factor):
+    """Identity forward; the backward multiplies by `factor` (inf injects an overflow)."""
+
+    @tf.custom_gradient
+    def identity(value):
+        return tf.identity(value), lambda upstream: upstream * tf.cast(factor, upstream.dtype)
+
+    return identity(x)
+
+
+def model_with_overflow_switch(inputs, ctx):
+    images, labels = inputs
+    factor = tf.compat.v1.get_default_graph().get_tensor_by_name(GRADIENT_FACTOR + ":0")
+    h = layers.conv2d(images, 4, 3, name="conv1", use_bias=False)
+    h = tf.nn.relu(towerlib.batch_norm(h, ctx, name="bn1"))
+    h = _scaled_gradient(layers.flatten(h), factor)
+    logits = tf.cast(layers.dense(h, helpers.NUM_CLASSES, name="logits"), tf.float32)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=labels, logits=logits))
+
+
+def _state(session, train):
+    """Everything a skipped step must leave alone, by name (the scale apart)."""
+    return {v.op.name: session.run(v) for v in tf.compat.v1.global_variables()
+            if not v.op.name.startswith("loss_scale/")}
+
+
+def _build(compute_dtype, optimizer=None, **options):
+    tf.compat.v1.placeholder_with_default(1.0, [], name=GRADIENT_FACTOR)
+    inputs = tuple(tf.constant(x) for x in helpers.image_batch(8, seed=3))
+    return towerlib.build_train_graph(
+        model_with_overflow_switch, inputs,
+        optimizer or tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
+        devices=helpers.cpu_devices(2), compute_dtype=compute_dtype, **options)
+
+
+def test_float16_overflow_skips_the_step_and_halves_the_scale():
+    with tf.Graph().as_default():
+        train = _build("float16", ema_decay=0.9, bn_mode="all_towers")
+        factor = tf.compat.v1.get_default_graph().get_tensor_by_name(GRADIENT_FACTOR + ":0")
+        scale = train.loss_scale.value
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(train.train_op)
+            before, scale_before = _state(session, train), session.run(scale)
+            session.run(train.train_op, {factor: np.inf})  # the gradients overflow
+            after = _state(session, train)
+            assert session.run(scale) == scale_before / 2
+            for name, value in before.items():
+                np.testing.assert_array_equal(after[name], value, err_msg=name)
+            assert after["global_step"] == 1
+            assert any(name.endswith("moving_mean") for name in after)
+            assert any("ExponentialMovingAverage" in name for name in after)
+            session.run(train.train_op)  # and training goes on
+            assert session.run(train.global_step) == 2
+            assert not np.array_equal(session.run("conv1/weights:0"), after["conv1/weights"])
+
+
+def test_float16_variables_stay_float32_and_train_like_float32():
+    results = {}
+    for compute_dtype in ("float32", "float16", "bfloat16"):
+        with tf.Graph().as_default():
+            train = _build(compute_dtype)
+            assert all(v.dtype.base_dtype == tf.float32
+                       for v in tf.compat.v1.global_variables()
+                       if v.dtype.base_dtype.is_floating)
+            assert train.loss.dtype == tf.float32
+            with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                weights = [v for v in helpers.model_variables()
+                           if not v.op.name.startswith("loss_scale/")]
+                helpers.load_values(session, weights, helpers.initial_values_for(weights))
+                for _ in range(5):
+                    session.run(train.train_op)
+                results[compute_dtype] = {v.op.name: session.run(v) for v in weights}
+    for compute_dtype, tolerance in (("float16", 5e-3), ("bfloat16", 3e-2)):
+        for name, value in results["float32"].items():
+            np.testing.assert_allclose(results[compute_dtype][name], value, atol=tolerance,
+                                       err_msg=f"{compute_dtype} {name}")
+
+
+def test_the_scale_survives_a_checkpoint_and_resume(tmp_path):
+    def train_to(max_steps, inject):
+        with tf.Graph().as_default():
+            train = _build("float16", loss_scale=towerlib.loss_scaling.DynamicLossScale(
+                initial=1024.0, growth_interval=1000))
+            hooks = []
+            if inject:
+                factor = tf.compat.v1.get_default_graph().get_tensor_by_name(
+                    GRADIENT_FACTOR + ":0")
+
+                class OverflowOnce(tf.compat.v1.train.SessionRunHook):
+                    done = False
+
+                    def before_run(self, run_context):
+                        if not self.done:
+                            self.done = True
+                            return tf.compat.v1.train.SessionRunArgs(
+                                None, feed_dict={factor: np.inf})
+                        return None
+
+                hooks.append(OverflowOnce())
+            towerlib.run_training(train, train_dir=str(tmp_path), max_steps=max_steps,
+                                  hooks=hooks, session_config=towerlib.session_config(2),
+                                  save_summaries_steps=None)
+        reader = tf.train.load_checkpoint(towerlib.find_restorable_checkpoint(str(tmp_path)))
+        return reader.get_tensor("loss_scale/scale"), reader.get_tensor("global_step")
+
+    scale, step = train_to(2, inject=True)
+    assert (scale, step) == (512.0, 2)  # one skipped run, two applied
+    scale, step = train_to(4, inject=False)
+    assert (scale, step) == (512.0, 4)  # resumed with the saved scale
+
+
+def test_a_real_nan_loss_under_loss_scaling_is_still_a_non_finite_error(tmp_path):
+    def nan_model(inputs, ctx):
+        return model_with_overflow_switch(inputs, ctx) * np.float32(np.nan)
+
+    for guard in (False, True):
+        with tf.Graph().as_default():
+            tf.compat.v1.placeholder_with_default(1.0, [], name=GRADIENT_FACTOR)
+            optimizer = tf.compat.v1.train.MomentumOptimizer(0.05, 0.9)
+            inputs = tuple(tf.constant(x) for x in helpers.image_batch(8, seed=3))
+            train = towerlib.build_train_graph(
+                nan_model, inputs, towerlib.guard_numerics(optimizer) if guard else optimizer,
+                devices=helpers.cpu_devices(2), compute_dtype="float16")
+            with pytest.raises(towerlib.NonFiniteError):
+                towerlib.run_training(train, train_dir=str(tmp_path / str(guard)),
+                                      max_steps=3, session_config=towerlib.session_config(2),
+                                      save_summaries_steps=None)
+
+
+@pytest.mark.parametrize("options,match", [
+    (dict(compute_dtype="float64"), "compute_dtype"),
+    (dict(compute_dtype="bfloat16", loss_scale="dynamic"), "only float16 needs loss scaling"),
+    (dict(compute_dtype="float16", guard_gradients=True), "check_gradients=True"),
+])
+def test_bad_mixed_precision_options_are_refused(options, match):
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    if options.pop("guard_gradients", False):
+        optimizer = towerlib.guard_numerics(optimizer, check_gradients=True)
+    with tf.Graph().as_default():
+        inputs = tuple(tf.constant(x) for x in helpers.image_batch(8))
+        with pytest.raises(ValueError, match=match):
+            towerlib.build_train_graph(helpers.conv_dense_model, inputs, optimizer,
+                                       devices=helpers.cpu_devices(2), **options)
