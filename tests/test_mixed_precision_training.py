@@ -157,3 +157,31 @@ def test_bad_mixed_precision_options_are_refused(options, match):
         with pytest.raises(ValueError, match=match):
             towerlib.build_train_graph(helpers.conv_dense_model, inputs, optimizer,
                                        devices=helpers.cpu_devices(2), **options)
+
+
+@pytest.mark.parametrize("in_compute_dtype", [False, True])
+def test_replicated_bfloat16_all_reduce_in_either_dtype(in_compute_dtype):
+    with tf.Graph().as_default():
+        train = _build("bfloat16", variable_update="replicated",
+                       allreduce_in_compute_dtype=in_compute_dtype)
+        graph = tf.compat.v1.get_default_graph()
+        hubs = [op for op in graph.get_operations()
+                if op.type == "AddN" and "cross_tower_exchange" in op.name]
+        assert hubs and {op.outputs[0].dtype for op in hubs} == {
+            tf.bfloat16 if in_compute_dtype else tf.float32}
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
+            for _ in range(3):
+                session.run(train.train_op)
+            copies = {name: session.run(variables)
+                      for name, variables in train.variable_copies.items()}
+        assert all(g.dtype == tf.float32 for g, _ in train.grads_and_vars)
+        for name, (first, second) in copies.items():
+            np.testing.assert_array_equal(first, second, err_msg=name)
+
+
+def test_all_reduce_dtype_needs_replicated():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match="replicated"):
+            _build("bfloat16", allreduce_in_compute_dtype=True)

@@ -85,7 +85,7 @@ def _gather_sparse(reducer, slices, tower_index, name):
         dense_shape=slices.dense_shape)
 
 
-def allreduce_gradients(reducer, tower_gradients, pack_bytes):
+def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None):
     """Each tower's gradients replaced by their sum over the towers.
 
     Args:
@@ -94,6 +94,9 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes):
         IndexedSlices or None) for its copies, every tower listing the same
         variables in the same order; None must be None in every tower.
       pack_bytes: the buffer size for packing dense gradients (0: no packing).
+      wire_dtype: None to sum float32 gradients as they are, or a half type
+        (the compute dtype) to send and sum them in it: half the bytes, sums
+        rounded to it; cast back to each gradient's dtype after.
 
     Returns:
       Per tower, the summed gradients in the same order (None stays None),
@@ -112,9 +115,11 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes):
         with tf.name_scope(f"allreduce_tower_{tower_index}"):
             result = list(gradients)
             dense = [tf.convert_to_tensor(gradients[i]) for i in dense_positions]
-            for position, summed in zip(
-                    dense_positions, _sum_dense(reducer, dense, tower_index, pack_bytes)):
-                result[position] = summed
+            sent = dense if wire_dtype is None else [tf.cast(g, wire_dtype) for g in dense]
+            for position, summed, original in zip(
+                    dense_positions, _sum_dense(reducer, sent, tower_index, pack_bytes),
+                    dense):
+                result[position] = tf.cast(summed, original.dtype)
             for position in sparse_positions:
                 result[position] = _gather_sparse(
                     reducer, gradients[position], tower_index, f"sparse_gradient_{position}")

@@ -181,6 +181,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                       devices=None, device_type=None, bn_mode="first_tower", param_device=None,
                       variable_update="parameter_server", accumulation_steps=1,
                       compute_dtype="float32", loss_scale=None,
+                      allreduce_in_compute_dtype=False,
                       gradient_pack_bytes=variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES,
                       global_step=None, ema_decay=None, learning_rate=None,
                       var_list=None, summaries=True,
@@ -219,6 +220,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         loss scaling, towerlib.loss_scaling), a number (a fixed scale) or a
         towerlib.loss_scaling.LossScale. Refused with the other dtypes, which
         need none.
+      allreduce_in_compute_dtype: with 'replicated' and a half compute dtype,
+        all-reduce the gradients in it (half the bytes on the wire, sums
+        rounded to it) instead of float32; they reach the float32 variables
+        in float32 either way.
       global_step: a step variable; default get_or_create_global_step().
       ema_decay: if set, keep an ExponentialMovingAverage of the trainable
         weights, updated after each step (evaluate with `ema_restore_map`).
@@ -251,14 +256,19 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     _check_optimizer(optimizer)
     check_ema_decay(ema_decay)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
+    compute_dtype = mixed_precision.check_compute_dtype(compute_dtype)
+    if allreduce_in_compute_dtype and variable_update != "replicated":
+        raise ValueError("allreduce_in_compute_dtype=True concerns the all-reduce of "
+                         "variable_update='replicated'; set that too, or drop it.")
     cross_tower = _make_cross_tower_reducer(
         bn_mode, variable_update, devices, sync_timeout_seconds, sync_transport)
     update = variable_update_lib.make_variable_update(
-        variable_update, len(devices), param_device, cross_tower, gradient_pack_bytes)
+        variable_update, len(devices), param_device, cross_tower, gradient_pack_bytes,
+        wire_dtype=(compute_dtype if allreduce_in_compute_dtype
+                    and compute_dtype != tf.float32 else None))
     global_step = _global_step_for(global_step, update.param_device, devices)
 
     accumulation_steps = accumulation.check_accumulation_steps(accumulation_steps)
-    compute_dtype = mixed_precision.check_compute_dtype(compute_dtype)
     _check_loss_scale(compute_dtype, loss_scale, optimizer)
     host = devices_lib.host_cpu(devices[0])
     if compute_dtype == tf.float16:

@@ -80,15 +80,17 @@ class ReplicatedUpdate:
       num_towers: the towers of the build.
       reducer: the build's CrossTowerReducer (None for one tower).
       gradient_pack_bytes: buffer size for packing dense gradients (0: none).
+      wire_dtype: None (all-reduce in float32) or the half compute dtype.
     """
 
     name = "replicated"
     param_device = None  # each tower's variables on the tower's own device
 
-    def __init__(self, num_towers, reducer, gradient_pack_bytes):
+    def __init__(self, num_towers, reducer, gradient_pack_bytes, wire_dtype=None):
         self._copies = variable_copies.VariableCopies(num_towers)
         self._reducer = reducer
         self._pack_bytes = gradient_pack_bytes
+        self._wire_dtype = wire_dtype
 
     def variable_getter(self, tower_index):
         """The custom getter that gives tower `tower_index` its own copies."""
@@ -131,7 +133,7 @@ class ReplicatedUpdate:
         if self._reducer is not None:
             with tf.name_scope("allreduce_gradients"):
                 tower_gradients = allreduce.allreduce_gradients(
-                    self._reducer, tower_gradients, self._pack_bytes)
+                    self._reducer, tower_gradients, self._pack_bytes, self._wire_dtype)
         # Tower 0's pairs first: the optimizer creates tower 0's slots before
         # the other towers' copies of them, which read tower 0's.
         per_tower = [[(gradient, variable)
@@ -189,9 +191,9 @@ def check_variable_update(variable_update, param_device, gradient_pack_bytes):
 
 
 def make_variable_update(variable_update, num_towers, param_device, reducer,
-                         gradient_pack_bytes=DEFAULT_GRADIENT_PACK_BYTES):
+                         gradient_pack_bytes=DEFAULT_GRADIENT_PACK_BYTES, wire_dtype=None):
     """The update object for `variable_update`, after check_variable_update."""
     check_variable_update(variable_update, param_device, gradient_pack_bytes)
     if variable_update == "replicated":
-        return ReplicatedUpdate(num_towers, reducer, gradient_pack_bytes)
+        return ReplicatedUpdate(num_towers, reducer, gradient_pack_bytes, wire_dtype)
     return ParameterServerUpdate(param_device)
