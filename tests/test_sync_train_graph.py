@@ -58,7 +58,7 @@ def test_sync_replicas_refuse_float16():
     cluster = cluster_lib.cluster_from_flags(
         ps_hosts="localhost:1", worker_hosts="localhost:2", job_name="worker", task_index=0)
     with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="float16 with SyncReplicasOptimizer"):
+        with pytest.raises(ValueError, match="'float16' with SyncReplicasOptimizer"):
             cluster_lib.build_sync_train_graph(
                 _tower, _batch(), tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
                 num_towers=2, device_type="cpu", compute_dtype="float16")
