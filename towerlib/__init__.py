@@ -17,6 +17,7 @@ from towerlib.context import BN_MODES, TowerContext, TowerRecords
 from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
                                   check_record_files)
 from towerlib.determinism import seed_everything
+from towerlib.evaluation import EvalGraph, build_eval_graph
 from towerlib.foreign_batch_norm import ForeignBatchNormError
 from towerlib.devices import (missing_tower_devices, session_config, tower_devices,
                               variable_placer)
@@ -35,9 +36,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     # Building and running the training step.
-    "BN_MODES", "StepLogger", "Tower", "TowerContext", "TowerModel",
+    "BN_MODES", "EvalGraph", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
-    "batch_norm", "build_towers", "build_train_graph", "ema_restore_map",
+    "batch_norm", "build_eval_graph", "build_towers", "build_train_graph", "ema_restore_map",
     "pooled_statistics", "run_training", "session_config", "split_global_batch",
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
     "missing_tower_devices",
