@@ -297,12 +297,12 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
                 variable_getter=update.variable_getter,
                 reuse_variables=micro_batch > 0, micro_batch=micro_batch)
         foreign_batch_norm.check_towers(built, bn_mode)  # before any gradient is built
-        records.check_batch_norm_in_every_tower()
         update.check_towers(built)
         if cross_tower is not None:
             # A tower that made fewer synchronized calls fails here, at build
             # time, not as an exchange waiting for it at run time.
             cross_tower.check_consistent()
+        records.check_batch_norm_in_every_tower()
 
         if var_list is None:
             trainable = tf.compat.v1.trainable_variables()
