@@ -11,7 +11,8 @@ Cross-tower reductions (bn_mode="sync") are in towerlib.exchange, the
 training loop's hooks in towerlib.hooks, several machines in towerlib.cluster.
 """
 
-from towerlib import cluster, collective, exchange, hooks, layers
+from towerlib import (cluster, collective, exchange, hooks, layers, loss_scaling,
+                      mixed_precision)
 from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.context import BN_MODES, TowerContext, TowerRecords
 from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
@@ -43,7 +44,8 @@ __all__ = [
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
     "missing_tower_devices",
     # Submodules.
-    "cluster", "collective", "exchange", "hooks", "layers",
+    "cluster", "collective", "exchange", "hooks", "layers", "loss_scaling",
+    "mixed_precision",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
