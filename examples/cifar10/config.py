@@ -20,6 +20,7 @@ from typing import List, Optional, Set
 import towerlib
 from examples.cifar10 import input_pipeline, models, schedule
 from towerlib import cluster as cluster_lib
+from towerlib import variable_update as variable_update_lib
 
 CONFIG_FILE = "train_config.json"
 OPTIMIZERS = ("sgd", "momentum")
@@ -46,7 +47,10 @@ class TrainConfig:
     bn_mode: str = "first_tower"
     sync_transport: Optional[str] = None  # None: NCCL collectives on GPUs, else graph
     bn_momentum: float = 0.99
-    param_device: str = "cpu"
+    # None: the host CPU with parameter_server (each tower's own device with replicated).
+    param_device: Optional[str] = None
+    variable_update: str = "parameter_server"
+    gradient_pack_bytes: int = variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES
     optimizer: str = "momentum"
     momentum: float = 0.9
     learning_rate: float = 0.05
@@ -86,6 +90,46 @@ def _refused_by_towerlib(config: TrainConfig, devices: List[str]) -> Set[str]:
     except towerlib.ConfigError as e:
         return {problem.option for problem in e.problems}
     return set()
+
+
+def _refused_by_variable_update_check(variable_update, param_device, pack_bytes) -> bool:
+    """Whether towerlib.variable_update.check_variable_update refuses these settings."""
+    try:
+        variable_update_lib.check_variable_update(variable_update, param_device, pack_bytes)
+    except ValueError:
+        return True
+    return False
+
+
+def _check_variable_update(config: TrainConfig) -> None:
+    """--variable_update, --gradient_pack_bytes and --param_device, judged by towerlib.
+
+    towerlib's check says no in one message for any of three reasons; asking it about
+    one setting at a time tells which flag to name.
+    """
+    default_bytes = variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES
+    if _refused_by_variable_update_check(config.variable_update, None, default_bytes):
+        raise ConfigError(
+            "--variable_update=%r: choose %s."
+            % (config.variable_update, " or ".join(variable_update_lib.VARIABLE_UPDATES))
+        )
+    if _refused_by_variable_update_check(
+        config.variable_update, None, config.gradient_pack_bytes
+    ):
+        raise ConfigError(
+            "--gradient_pack_bytes=%r: use a size in bytes >= 0 (0: no packing; "
+            "default %d)." % (config.gradient_pack_bytes, default_bytes)
+        )
+    if _refused_by_variable_update_check(
+        config.variable_update, config.param_device, config.gradient_pack_bytes
+    ):
+        raise ConfigError(
+            "--variable_update=%s with --param_device=%s: replicated puts each tower's "
+            "copy of the variables on the tower's own device, so there is no parameter "
+            "device to choose. Fix: drop --param_device, or use "
+            "--variable_update=parameter_server."
+            % (config.variable_update, config.param_device)
+        )
 
 
 def check(config: TrainConfig) -> List[str]:
@@ -141,6 +185,7 @@ def check(config: TrainConfig) -> List[str]:
             "--param_device=%r: choose cpu (variables on the host) or gpu "
             "(spread over the tower GPUs)." % config.param_device
         )
+    _check_variable_update(config)
     if config.optimizer not in OPTIMIZERS:
         raise ConfigError(
             "--optimizer=%r: choose one of %s." % (config.optimizer, ", ".join(OPTIMIZERS))
@@ -181,6 +226,17 @@ def check(config: TrainConfig) -> List[str]:
     return devices
 
 
+def check_variable_update_for_cluster(config: TrainConfig) -> None:
+    """Refuses replicated variables on a cluster, on every task (a ps task too, which would
+    otherwise wait for workers that refuse to start)."""
+    if config.variable_update != "parameter_server":
+        raise ConfigError(
+            "--variable_update=%s: replicated is for the towers of one machine; in a "
+            "cluster the variables live on the ps tasks. Fix: drop --variable_update "
+            "(parameter_server) on a cluster." % config.variable_update
+        )
+
+
 def check_cluster(
     config: TrainConfig, cluster: cluster_lib.ClusterInfo, towers_per_worker: int
 ) -> int:
@@ -193,7 +249,8 @@ def check_cluster(
       ConfigError: naming the flag, its value, and what would work.
     """
     workers = cluster.num_replicas
-    if config.param_device != "cpu":
+    check_variable_update_for_cluster(config)
+    if config.param_device not in (None, "cpu"):
         raise ConfigError(
             "--param_device=%s: in a cluster the variables live on the ps tasks (placed "
             "by byte size), not on a worker's devices. Leave --param_device at its "

@@ -17,7 +17,13 @@ from towerlib import cluster as cluster_lib
 FLAGS = flags.FLAGS
 _DEFAULTS = config_lib.TrainConfig()
 # String flags whose empty value stands for None in TrainConfig ("not set").
-_EMPTY_MEANS_UNSET = ("data_dir", "augmentation", "device_type", "sync_transport")
+_EMPTY_MEANS_UNSET = (
+    "data_dir",
+    "augmentation",
+    "device_type",
+    "sync_transport",
+    "param_device",
+)
 
 
 def _define(define_fn, name, default, help_text, **kwargs):
@@ -111,8 +117,9 @@ def define_train_flags():
         flags.DEFINE_string,
         "sync_transport",
         d.sync_transport or "",
-        "With --bn_mode=sync, how towers exchange statistics: graph or collective. "
-        "Empty: collective (NCCL) when every tower is a GPU, graph otherwise.",
+        "With --bn_mode=sync or --variable_update=replicated, how towers exchange "
+        "statistics and gradients: graph or collective. Empty: collective (NCCL) when "
+        "every tower is a GPU, graph otherwise.",
     )
     _define(
         flags.DEFINE_float,
@@ -123,8 +130,24 @@ def define_train_flags():
     _define(
         flags.DEFINE_string,
         "param_device",
-        d.param_device,
-        "Where variables live: cpu (host) or gpu (spread over the tower GPUs).",
+        d.param_device or "",
+        "With --variable_update=parameter_server, where variables live: cpu (host) or "
+        "gpu (spread over the tower GPUs). Empty: cpu. Not with replicated.",
+    )
+    _define(
+        flags.DEFINE_string,
+        "variable_update",
+        d.variable_update,
+        "parameter_server (one copy of every variable, gradients summed on its device) "
+        "or replicated (a copy per tower on its own device, gradients all-reduced; one "
+        "machine only).",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "gradient_pack_bytes",
+        d.gradient_pack_bytes,
+        "With --variable_update=replicated, dense gradients are packed into all-reduce "
+        "buffers of at most this many bytes (0: one all-reduce per gradient).",
     )
     _define(flags.DEFINE_string, "optimizer", d.optimizer, "sgd or momentum.")
     _define(flags.DEFINE_float, "momentum", d.momentum, "Momentum of --optimizer=momentum.")

@@ -113,6 +113,18 @@ def make_plan(
     )
 
 
+def _variables_on_one_machine(config: config_lib.TrainConfig) -> str:
+    """Where the variables live and how gradients reach them, for the first log line."""
+    if config.variable_update == "replicated":
+        packing = (
+            "packed into buffers of %d bytes" % config.gradient_pack_bytes
+            if config.gradient_pack_bytes
+            else "not packed"
+        )
+        return "every tower (replicated, gradients all-reduced, %s)" % packing
+    return config.param_device or "cpu"
+
+
 def describe(plan: TrainPlan) -> str:
     """The plan as the run's first log line: where, on what, which schedule, until when."""
     config = plan.config
@@ -132,7 +144,7 @@ def describe(plan: TrainPlan) -> str:
             config.global_batch_size,
             shares,
         )
-        variables = config.param_device
+        variables = _variables_on_one_machine(config)
     else:
         cluster = plan.cluster
         where = (

@@ -99,6 +99,8 @@ def build_training(plan: TrainPlan):
         bn_mode=config.bn_mode,
         sync_transport=config.sync_transport,
         param_device=config.param_device,
+        variable_update=config.variable_update,
+        gradient_pack_bytes=config.gradient_pack_bytes,
         global_step=global_step,
         ema_decay=config.ema_decay,
         learning_rate=learning_rate,
@@ -284,10 +286,12 @@ def main(argv):
 
     def body():
         cluster = options.cluster_from_flags()
+        config = options.train_config_from_flags()
         if cluster is not None and cluster.is_ps:
+            config_lib.check_variable_update_for_cluster(config)
             serve_parameters(cluster, flags.ps_timeout_secs or None)
         else:
-            train(options.train_config_from_flags(), cluster, flags.startup_timeout_secs)
+            train(config, cluster, flags.startup_timeout_secs)
 
     script_runner.run(argv, body)
 

@@ -21,6 +21,7 @@ j < B = --global_batch_size, and replica r of R takes its contiguous share
 of those rows, so any cluster layout sees the same global batch per step.
 """
 
+import sys
 import time
 
 from absl import app
@@ -47,6 +48,9 @@ flags.DEFINE_integer("max_steps", 20, "Global step to stop at.")
 flags.DEFINE_float("learning_rate", 0.1, "SGD learning rate.")
 flags.DEFINE_bool("batch_norm", False, "Add batch norm after the convolution.")
 flags.DEFINE_string("bn_mode", "first_tower", "'first_tower' or 'all_towers'.")
+flags.DEFINE_enum("variable_update", "parameter_server", ["parameter_server", "replicated"],
+                  "'replicated' (a copy per tower, gradients all-reduced) is for one "
+                  "machine only: refused with cluster flags.")
 flags.DEFINE_string("train_dir", "/tmp/towerlib_distributed", "Checkpoints and events.")
 flags.DEFINE_integer("save_checkpoint_steps", 100, "Checkpoint every this many steps.")
 flags.DEFINE_integer("log_every_n_steps", 1, "Log every this many steps.")
@@ -122,7 +126,8 @@ def train_one_machine():
             model, replica_batch(global_step, 0, 1),
             tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
             devices=towerlib.tower_devices(FLAGS.num_towers, FLAGS.device_type),
-            bn_mode=FLAGS.bn_mode, global_step=global_step)
+            bn_mode=FLAGS.bn_mode, variable_update=FLAGS.variable_update,
+            global_step=global_step)
         return towerlib.run_training(
             train_graph, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
             session_config=towerlib.session_config(FLAGS.num_towers),
@@ -157,6 +162,13 @@ def main(argv):
     del argv
     cluster = cluster_lib.resolve_cluster(
         FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)
+    if cluster is not None and FLAGS.variable_update == "replicated":
+        # Every task refuses, the ps too: it would wait for workers that never come.
+        sys.stderr.write(
+            "error: --variable_update=replicated is for the towers of one machine; in a "
+            "cluster the variables live on the ps tasks. Fix: drop --variable_update "
+            "(parameter_server) with --ps_hosts/--worker_hosts or TF_CONFIG.\n")
+        sys.exit(2)
     if cluster is None:
         step, loss = train_one_machine()
     elif cluster.is_ps:
