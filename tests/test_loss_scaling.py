@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib import loss_scaling
+from towerlib import hooks, loss_scaling
 
 
 class _Step:
@@ -139,7 +139,7 @@ def test_floor_hook_raises_when_the_floor_still_overflows():
     with tf.Graph().as_default():
         step = _Step(loss_scaling.DynamicLossScale(initial=4.0, floor=2.0),
                      tf.compat.v1.train.GradientDescentOptimizer(0.1))
-        hook = loss_scaling.LossScaleFloorHook(step.loss_scale)
+        hook = hooks.LossScaleFloorHook(step.loss_scale)
         with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
             session.run(step.train_op)                       # good: step 1
             session.run(step.train_op, {step.factor: np.inf})  # 4 -> 2, not yet at the floor
@@ -158,7 +158,7 @@ def test_floor_hook_tolerates_overflows_in_a_row_below_its_limit():
     with tf.Graph().as_default():
         step = _Step(loss_scaling.FixedLossScale(4.0),
                      tf.compat.v1.train.GradientDescentOptimizer(0.1))
-        hook = loss_scaling.LossScaleFloorHook(step.loss_scale, overflows_in_a_row=2)
+        hook = hooks.LossScaleFloorHook(step.loss_scale, overflows_in_a_row=2)
         with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
             session.run(step.train_op, {step.factor: np.inf})
             session.run(step.train_op)   # a good step resets the count

@@ -4,6 +4,7 @@
   SessionKeeper             the raw session, to read a guard's flags after a failed step
   CollectiveFetchCheckHook  a partial fetch of collectives refused before it hangs
   NonFiniteLossHook         a non-finite tower loss stops training (no guard)
+  LossScaleFloorHook        float16: a loss scale at its floor that still overflows stops it
   CrashSafeSaverHook        checkpoints through a CheckpointWriter; added last,
                             so that every check of a step runs before it is saved
 
@@ -17,13 +18,14 @@ import numpy as np
 import tensorflow as tf
 
 from towerlib import checkpoints
+from towerlib import loss_scaling
 from towerlib.exchange import safety
 from towerlib.guards import NonFiniteError
 
 logger = logging.getLogger("towerlib")
 
-__all__ = ["CollectiveFetchCheckHook", "CrashSafeSaverHook", "NonFiniteLossHook",
-           "SessionKeeper", "StepLogger"]
+__all__ = ["CollectiveFetchCheckHook", "CrashSafeSaverHook", "LossScaleFloorHook",
+           "NonFiniteLossHook", "SessionKeeper", "StepLogger"]
 
 
 class StepLogger(tf.compat.v1.train.SessionRunHook):
@@ -224,3 +226,47 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
         step = int(session.run(self._global_step))
         if step != self._timer.last_triggered_step():
             self.writer.save(session, step)
+
+
+class LossScaleFloorHook(tf.compat.v1.train.SessionRunHook):
+    """Raises LossScaleFloorError when the loss scale overflows at its floor.
+
+    Fetches `floor_reached`, the scale and the global step with each run (of
+    the train op: the hook's fetches need the step's gradients). Raising in
+    after_run stops a MonitoredSession before the checkpoint hook that comes
+    after it saves anything, like the NaN hooks.
+
+    Args:
+      loss_scale: the LossScale, after its apply_or_skip was built.
+      overflows_in_a_row: how many consecutive overflows at the floor to
+        allow before raising (1: the first; more tolerates a rare bad batch).
+      global_step: the step variable (default: the graph's global step).
+    """
+
+    def __init__(self, loss_scale, overflows_in_a_row=1, global_step=None):
+        if isinstance(overflows_in_a_row, bool) or not isinstance(overflows_in_a_row, int) \
+                or overflows_in_a_row < 1:
+            raise ValueError(f"overflows_in_a_row must be an int >= 1, got "
+                             f"{overflows_in_a_row!r}.")
+        self.loss_scale = loss_scale
+        self.overflows_in_a_row = overflows_in_a_row
+        self._global_step = global_step
+        self._in_a_row = 0
+
+    def begin(self):
+        if self._global_step is None:
+            self._global_step = tf.compat.v1.train.get_global_step()
+        self._fetches = [self.loss_scale.floor_reached, self.loss_scale.value]
+        if self._global_step is not None:
+            self._fetches.append(self._global_step)
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._fetches)
+
+    def after_run(self, run_context, run_values):
+        floor_reached, scale = run_values.results[:2]
+        self._in_a_row = self._in_a_row + 1 if floor_reached else 0
+        if self._in_a_row >= self.overflows_in_a_row:
+            # A skipped step leaves global_step as it was: the step not taken is +1.
+            step = int(run_values.results[2]) + 1 if len(run_values.results) > 2 else -1
+            raise loss_scaling.LossScaleFloorError(step, float(scale), self._in_a_row)

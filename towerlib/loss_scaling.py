@@ -29,7 +29,7 @@ A skipped step does not count as a step: global_step does not advance, so a
 run to max_steps takes as many updates as without loss scaling, plus the
 skipped ones. S never goes below `floor`; an overflow at the floor means the
 model itself overflows in float16, which no scale fixes: `floor_reached`
-says so for that step and LossScaleFloorHook stops training with a
+says so for that step and towerlib.hooks.LossScaleFloorHook stops training with a
 LossScaleFloorError (otherwise a run whose every step overflows would skip
 forever and never reach max_steps).
 
@@ -77,7 +77,7 @@ import tensorflow as tf
 from towerlib.mixed_precision import loss_to_float32
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "LossScaleFloorError",
-           "LossScaleFloorHook", "make_loss_scale"]
+           "make_loss_scale"]
 
 
 class LossScaleFloorError(FloatingPointError):
@@ -339,47 +339,3 @@ def make_loss_scale(loss_scale):
         f"loss_scale must be None, 'dynamic', a number or a towerlib.loss_scaling."
         f"LossScale, got {loss_scale!r}. Fix: 'dynamic' with compute_dtype='float16'; "
         "None with 'bfloat16' or 'float32', which do not need it.")
-
-
-class LossScaleFloorHook(tf.compat.v1.train.SessionRunHook):
-    """Raises LossScaleFloorError when the loss scale overflows at its floor.
-
-    Fetches `floor_reached`, the scale and the global step with each run (of
-    the train op: the hook's fetches need the step's gradients). Raising in
-    after_run stops a MonitoredSession before the checkpoint hook that comes
-    after it saves anything, like the NaN hooks.
-
-    Args:
-      loss_scale: the LossScale, after its apply_or_skip was built.
-      overflows_in_a_row: how many consecutive overflows at the floor to
-        allow before raising (1: the first; more tolerates a rare bad batch).
-      global_step: the step variable (default: the graph's global step).
-    """
-
-    def __init__(self, loss_scale, overflows_in_a_row=1, global_step=None):
-        if isinstance(overflows_in_a_row, bool) or not isinstance(overflows_in_a_row, int) \
-                or overflows_in_a_row < 1:
-            raise ValueError(f"overflows_in_a_row must be an int >= 1, got "
-                             f"{overflows_in_a_row!r}.")
-        self.loss_scale = loss_scale
-        self.overflows_in_a_row = overflows_in_a_row
-        self._global_step = global_step
-        self._in_a_row = 0
-
-    def begin(self):
-        if self._global_step is None:
-            self._global_step = tf.compat.v1.train.get_global_step()
-        self._fetches = [self.loss_scale.floor_reached, self.loss_scale.value]
-        if self._global_step is not None:
-            self._fetches.append(self._global_step)
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._fetches)
-
-    def after_run(self, run_context, run_values):
-        floor_reached, scale = run_values.results[:2]
-        self._in_a_row = self._in_a_row + 1 if floor_reached else 0
-        if self._in_a_row >= self.overflows_in_a_row:
-            # A skipped step leaves global_step as it was: the step not taken is +1.
-            step = int(run_values.results[2]) + 1 if len(run_values.results) > 2 else -1
-            raise LossScaleFloorError(step, float(scale), self._in_a_row)

@@ -21,7 +21,6 @@ import tensorflow as tf
 from towerlib import checkpoints
 from towerlib import guards
 from towerlib import hooks as hooks_lib
-from towerlib import loss_scaling
 from towerlib import stopping
 from towerlib import validation
 from towerlib.exchange import safety as exchange_safety
@@ -218,7 +217,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
             train_graph.tower_losses, step_after, train_graph.devices))
     if train_graph.loss_scale is not None:
         # float16: a run whose loss scale is at its floor and still overflows stops.
-        all_hooks.append(loss_scaling.LossScaleFloorHook(
+        all_hooks.append(hooks_lib.LossScaleFloorHook(
             train_graph.loss_scale, global_step=train_graph.global_step))
     all_hooks.extend(hooks)
     signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
