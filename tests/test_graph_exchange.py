@@ -1,4 +1,4 @@
-"""The graph transport of CrossTowerReducer (towerlib.graph_exchange).
+"""The graph transport of CrossTowerReducer (towerlib.exchange.graph_hub).
 
 Values and gradients of both transports are compared in test_collective.py;
 these tests cover what only the graph transport does: hub ops filled in as
