@@ -133,3 +133,15 @@ def test_state_file_temporary_name(tmp_path, monkeypatch):
         _broken("the '<name>.tmp<32 hex>' name of atomic_write_string_to_file",
                 "checkpoint_files", f"renamed from: {names}")
     assert not checkpoint_files.is_tensorflow_leftover("model.ckpt-10.index")
+
+
+def test_assert_message_format():
+    with tf.Graph().as_default():
+        check = tf.debugging.Assert(tf.constant(False), ["towerlib check 7:", tf.constant(3)])
+        with tf.compat.v1.Session() as session:
+            with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+                session.run(check)
+    if not error_texts.names_assert(raised.value, "towerlib check 7:"):
+        _broken("the '[item] [item]' format of a failed tf.debugging.Assert's data",
+                "error_texts", raised.value.message)
+    assert not error_texts.names_assert(raised.value, "towerlib check 8:")

@@ -28,6 +28,8 @@ import re
 import numpy as np
 import tensorflow as tf
 
+from towerlib.internals import error_texts
+
 logger = logging.getLogger("towerlib")
 
 _TOWER_SCOPE = re.compile(r"(?:^|/)tower_(\d+)(?:/|$)")
@@ -212,7 +214,7 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
         """Whether an error from session.run is this guard's Assert failing."""
         if self.assert_op is None or not isinstance(error, tf.errors.InvalidArgumentError):
             return False
-        return f"[{self.marker}:" in str(error)
+        return error_texts.names_assert(error, f"{self.marker}:")
 
     def failure(self, session):
         """The NonFiniteError for the step whose Assert failed in `session`.

@@ -4,11 +4,12 @@ Some failures reach Python only as an OpError whose class is too broad to
 act on (DeadlineExceededError for both a collective's own timeout and a run
 deadline; ValueError for a variable that does not exist). The texts matched
 here are TensorFlow's, from TF 2.21; tests/test_internals.py provokes each
-one and fails by name if a release rewords it.
+one (tests/test_internals.py, tests/test_tower_batch_errors.py) and fails by name
+if a release rewords it.
 """
 
 __all__ = ["is_collective_timeout", "is_missing_variable", "is_run_deadline",
-           "is_shape_mismatch", "timeout_line"]
+           "is_shape_mismatch", "names_assert", "timeout_line"]
 
 # A collective op's own timeout, or a collective aborted by another's failure.
 _COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is aborted")
@@ -57,3 +58,13 @@ def timeout_line(message: str) -> str:
     texts = _COLLECTIVE_TIMEOUT_TEXTS + (_RUN_DEADLINE_TEXT,)
     return next((line.strip() for line in (message or "").splitlines()
                  if any(text in line for text in texts)), "")
+
+
+def names_assert(error: Exception, first_item: str) -> bool:
+    """Whether `error` is a failed tf.debugging.Assert whose first data item is `first_item`.
+
+    TensorFlow formats an Assert's data as "[item] [item] ..." after
+    "assertion failed: "; an Assert inside a cond gives no op to compare,
+    so the guard recognizes its own by the text it put first.
+    """
+    return f"[{first_item}" in str(error)
