@@ -3,9 +3,9 @@
 Some failures reach Python only as an OpError whose class is too broad to
 act on (DeadlineExceededError for both a collective's own timeout and a run
 deadline; ValueError for a variable that does not exist). The texts matched
-here are TensorFlow's, from TF 2.21; tests/test_internals.py provokes each
-one (tests/test_internals.py, tests/test_tower_batch_errors.py) and fails by name
-if a release rewords it.
+here are TensorFlow's, from TF 2.21; tests/test_internals.py and
+tests/test_tower_batch_errors.py provoke each one and fail by name if a
+release rewords it.
 """
 
 __all__ = ["is_collective_timeout", "is_missing_variable", "is_run_deadline",
