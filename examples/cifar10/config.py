@@ -15,11 +15,14 @@ import dataclasses
 import json
 import os
 import tempfile
-from typing import List, Optional, Set
+import math
+from typing import List, Optional, Set, Union
 
 import towerlib
 from examples.cifar10 import input_pipeline, models, schedule
+from towerlib import accumulation as accumulation_lib
 from towerlib import cluster as cluster_lib
+from towerlib import mixed_precision
 from towerlib import variable_update as variable_update_lib
 
 CONFIG_FILE = "train_config.json"
@@ -51,6 +54,9 @@ class TrainConfig:
     param_device: Optional[str] = None
     variable_update: str = "parameter_server"
     gradient_pack_bytes: int = variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES
+    compute_dtype: str = "float32"  # the towers' arithmetic; the weights stay float32
+    loss_scale: Optional[str] = None  # float16 only: None (dynamic), 'dynamic' or a number
+    accumulation_steps: int = 1  # micro-batches per optimizer step
     optimizer: str = "momentum"
     momentum: float = 0.9
     learning_rate: float = 0.05
@@ -75,6 +81,12 @@ class TrainConfig:
 
     def tower_devices(self) -> List[str]:
         return towerlib.tower_devices(self.num_towers or None, self.device_type)
+
+    def resolved_loss_scale(self) -> Union[None, str, float]:
+        """build_train_graph's loss_scale: None (its default), 'dynamic' or a number."""
+        if self.loss_scale is None or str(self.loss_scale) == "dynamic":
+            return self.loss_scale
+        return float(self.loss_scale)
 
 
 def _refused_by_towerlib(config: TrainConfig, devices: List[str]) -> Set[str]:
@@ -132,6 +144,66 @@ def _check_variable_update(config: TrainConfig) -> None:
         )
 
 
+def _check_loss_scale(config: TrainConfig) -> None:
+    """--loss_scale: 'dynamic' or a positive number, and only with float16 (the one dtype
+    whose small gradients underflow)."""
+    if config.loss_scale is None:
+        return
+    if str(config.loss_scale) != "dynamic":
+        try:
+            value = float(config.loss_scale)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(
+                "--loss_scale=%r: use dynamic (the default with --compute_dtype=float16) "
+                "or a positive number, a fixed scale (e.g. 1024); or leave it empty."
+                % config.loss_scale
+            )
+    if config.compute_dtype != "float16":
+        raise ConfigError(
+            "--loss_scale=%s with --compute_dtype=%s: only float16 needs loss scaling (its "
+            "small gradients underflow; bfloat16 has float32's range). Fix: drop "
+            "--loss_scale, or use --compute_dtype=float16."
+            % (config.loss_scale, config.compute_dtype)
+        )
+
+
+def _check_precision_and_accumulation(config: TrainConfig, num_towers: int) -> None:
+    """--compute_dtype, --loss_scale and --accumulation_steps, judged by towerlib's own
+    checks where it has them; the batch arithmetic is worded here with the numbers."""
+    try:
+        mixed_precision.check_compute_dtype(config.compute_dtype)
+    except ValueError as e:
+        raise ConfigError(
+            "--compute_dtype=%r: choose %s (the weights stay float32 either way)."
+            % (config.compute_dtype, ", ".join(mixed_precision.COMPUTE_DTYPES))
+        ) from e
+    _check_loss_scale(config)
+    try:
+        accumulation_lib.check_accumulation_steps(config.accumulation_steps)
+    except ValueError as e:
+        raise ConfigError(
+            "--accumulation_steps=%r: use a whole number >= 1 (1: no accumulation)."
+            % config.accumulation_steps
+        ) from e
+    _check_micro_batches(config.global_batch_size, config.accumulation_steps, num_towers)
+
+
+def _check_micro_batches(batch_size: int, accumulation_steps: int, num_towers: int) -> None:
+    """Every tower needs an example in every micro-batch: batch >= k x towers."""
+    needed = accumulation_steps * num_towers
+    if batch_size < needed:
+        raise ConfigError(
+            "--global_batch_size=%d with --accumulation_steps=%d on %d towers: each step "
+            "splits the global batch into %d micro-batches, each over the %d towers, so it "
+            "needs at least %d x %d = %d examples. Use --global_batch_size >= %d, or fewer "
+            "--accumulation_steps or --num_towers."
+            % (batch_size, accumulation_steps, num_towers, accumulation_steps, num_towers,
+               accumulation_steps, num_towers, needed, needed)
+        )
+
+
 def check(config: TrainConfig) -> List[str]:
     """Checks every setting that needs no data; returns the tower devices.
 
@@ -186,6 +258,7 @@ def check(config: TrainConfig) -> List[str]:
             "(spread over the tower GPUs)." % config.param_device
         )
     _check_variable_update(config)
+    _check_precision_and_accumulation(config, len(devices))
     if config.optimizer not in OPTIMIZERS:
         raise ConfigError(
             "--optimizer=%r: choose one of %s." % (config.optimizer, ", ".join(OPTIMIZERS))
@@ -275,6 +348,23 @@ def check_cluster(
                 "%d or " % lower if lower else "",
                 lower + workers,
             )
+        )
+    if config.compute_dtype == "float16":
+        raise ConfigError(
+            "--compute_dtype=float16 in a cluster: a worker that skips a step whose "
+            "gradients overflow (loss scaling) sends no gradients, and the others would "
+            "wait for it. Fix: --compute_dtype=bfloat16 (no loss scaling) or float32."
+        )
+    needed = config.accumulation_steps * towers_per_worker
+    if per_worker >= towers_per_worker and per_worker < needed:
+        raise ConfigError(
+            "--global_batch_size=%d gives each of the %d workers %d examples per step, "
+            "split into --accumulation_steps=%d micro-batches over its %d towers: it needs "
+            "at least %d x %d = %d. Use --global_batch_size >= %d, or fewer "
+            "--accumulation_steps or --num_towers."
+            % (config.global_batch_size, workers, per_worker, config.accumulation_steps,
+               towers_per_worker, config.accumulation_steps, towers_per_worker, needed,
+               workers * needed)
         )
     if per_worker < towers_per_worker:
         raise ConfigError(

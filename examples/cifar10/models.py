@@ -60,7 +60,9 @@ class CifarModel(towerlib.TowerModel):
 
     def build(self, inputs, ctx):
         images, labels = inputs
-        logits = self.logits(images, ctx)
+        # In float32 whatever the towers compute in (--compute_dtype): a softmax over
+        # bfloat16 logits would round the loss to 8 bits before it is averaged.
+        logits = tf.cast(self.logits(images, ctx), tf.float32)
         with tf.name_scope("loss"):
             cross_entropy = tf.reduce_mean(
                 tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)

@@ -23,6 +23,7 @@ _EMPTY_MEANS_UNSET = (
     "device_type",
     "sync_transport",
     "param_device",
+    "loss_scale",
 )
 
 
@@ -148,6 +149,28 @@ def define_train_flags():
         d.gradient_pack_bytes,
         "With --variable_update=replicated, dense gradients are packed into all-reduce "
         "buffers of at most this many bytes (0: one all-reduce per gradient).",
+    )
+    _define(
+        flags.DEFINE_string,
+        "compute_dtype",
+        d.compute_dtype,
+        "float32, float16 or bfloat16: the dtype the towers compute in. The weights, "
+        "the loss, the batch-norm statistics and the checkpoints stay float32.",
+    )
+    _define(
+        flags.DEFINE_string,
+        "loss_scale",
+        "",
+        "With --compute_dtype=float16 only: dynamic, or a number (a fixed scale). Empty: "
+        "towerlib's default (dynamic with float16).",
+    )
+    _define(
+        flags.DEFINE_integer,
+        "accumulation_steps",
+        d.accumulation_steps,
+        "k >= 1: each optimizer step sums the gradients of k micro-batches (the global "
+        "batch split k ways, each over the towers); the global batch must hold at least "
+        "k x towers examples.",
     )
     _define(flags.DEFINE_string, "optimizer", d.optimizer, "sgd or momentum.")
     _define(flags.DEFINE_float, "momentum", d.momentum, "Momentum of --optimizer=momentum.")

@@ -125,6 +125,25 @@ def _variables_on_one_machine(config: config_lib.TrainConfig) -> str:
     return config.param_device or "cpu"
 
 
+def _arithmetic(config: config_lib.TrainConfig) -> str:
+    """The compute dtype and the micro-batches, for the first log line ('' by default)."""
+    parts = []
+    if config.compute_dtype != "float32":
+        scale = config.resolved_loss_scale()
+        parts.append(
+            "computing in %s on float32 weights%s"
+            % (
+                config.compute_dtype,
+                ", loss scale %s" % (scale or "dynamic")
+                if config.compute_dtype == "float16"
+                else "",
+            )
+        )
+    if config.accumulation_steps > 1:
+        parts.append("%d micro-batches per step" % config.accumulation_steps)
+    return "".join(", " + part for part in parts)
+
+
 def describe(plan: TrainPlan) -> str:
     """The plan as the run's first log line: where, on what, which schedule, until when."""
     config = plan.config
@@ -169,7 +188,7 @@ def describe(plan: TrainPlan) -> str:
         )
         variables = "the %d ps task(s)" % cluster.num_ps
     return (
-        "Training %s %s, bn_mode=%s, variables on %s; %d training examples = %.1f "
+        "Training %s %s, bn_mode=%s, variables on %s%s; %d training examples = %.1f "
         "steps per epoch; learning rate %g (%s) with decays x%g at steps %s%s; until "
         "global step %d (%.1f epochs)."
         % (
@@ -177,6 +196,7 @@ def describe(plan: TrainPlan) -> str:
             where,
             config.bn_mode,
             variables,
+            _arithmetic(config),
             plan.train_files.num_examples,
             steps_per_epoch,
             plan.lr_schedule.base_rate,
