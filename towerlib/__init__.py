@@ -15,6 +15,7 @@ from towerlib import (cluster, collective, exchange, hooks, layers, loss_scaling
                       mixed_precision)
 from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.context import BN_MODES, TowerContext, TowerRecords
+from towerlib.data_position import DataPositionError, saved_position_iterator
 from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
                                   check_record_files)
 from towerlib.determinism import seed_everything
@@ -50,5 +51,7 @@ __all__ = [
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
     "check_record_files", "find_restorable_checkpoint", "guard_numerics",
+    # The input pipeline's position in checkpoints.
+    "DataPositionError", "saved_position_iterator",
     "seed_everything", "validate_config",
 ]

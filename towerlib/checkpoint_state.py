@@ -93,6 +93,16 @@ def scan_prefixes(train_dir):
 # --- verification ---
 
 
+def _read_variant(prefix, name):
+    """Reads one variant tensor (CRC32C-checked) of a checkpoint; the Python
+    reader cannot convert variants to NumPy, so a throwaway graph does it."""
+    with tf.Graph().as_default() as graph:
+        value = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name],
+                                     shape_and_slices=[""], dtypes=[tf.variant])
+        with tf.compat.v1.Session(graph=graph) as session:
+            session.run(value[0].op)
+
+
 def checkpoint_problem(prefix, read_values=True):
     """Why the checkpoint at `prefix` cannot be restored, or None if it can.
 
@@ -125,8 +135,12 @@ def checkpoint_problem(prefix, read_values=True):
         if names and not shards:
             return f"it has no data file ({prefix}.data-*) for its {len(names)} tensors"
         if read_values:
+            dtypes = reader.get_variable_to_dtype_map()
             for name in sorted(names):
-                reader.get_tensor(name)
+                if dtypes[name] == tf.variant:
+                    _read_variant(prefix, name)  # e.g. a saved input-pipeline position
+                else:
+                    reader.get_tensor(name)
     except Exception as error:  # pylint: disable=broad-except
         # The reader raises OpError, ValueError, RuntimeError or IndexError
         # ("Read less bytes than requested" on a truncated data file).
