@@ -13,9 +13,9 @@ alone, and a restart with an incompatible model in the same folder is refused.
 
 import dataclasses
 import json
+import math
 import os
 import tempfile
-import math
 from typing import List, Optional, Set, Union
 
 import towerlib

@@ -7,13 +7,18 @@ train_config.json, so --train_dir is all it needs. The latest checkpoint is eval
 once, or with --continuous every new checkpoint as it appears, until the run's last step.
 Weights are the exponential moving averages when the run kept them. Each pass logs a
 progress line and writes 'precision_at_1' to TensorBoard under <train_dir>/eval.
+
+Each test batch is split over --num_towers towers (unset: as many as the run trained on;
+GPUs when the machine has them, else virtual CPU devices) by towerlib.build_eval_graph,
+which sums the towers' per-example correct predictions exactly: the precision is the
+one a single device gives, whatever the split.
 """
 
 import dataclasses
 import logging
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import tensorflow as tf
 
@@ -35,6 +40,7 @@ class EvalResult:
     global_step: int
     checkpoint: str
     ema: bool  # evaluated with the weights' moving averages
+    num_towers: int = 1  # towers each test batch was split over
 
 
 def write_scalar(log_dir: str, tag: str, value: float, step: int) -> None:
@@ -57,6 +63,70 @@ def restore_saver(run_config: config_lib.TrainConfig):
     return tf.compat.v1.train.Saver()
 
 
+def eval_devices(
+    run_config: config_lib.TrainConfig, num_towers: Optional[int] = None
+) -> List[str]:
+    """The devices to evaluate on: ``num_towers`` of them, or as many as the run trained
+    on (its train_config.json; 0 there: one per GPU, else 1), on this machine's devices
+    (GPUs when it has them, else virtual CPU devices), whatever the run trained on.
+
+    Raises:
+      ConfigError: a count below 1, or more GPUs than this machine has.
+    """
+    count = run_config.num_towers if num_towers is None else num_towers
+    if num_towers is not None and num_towers < 1:
+        raise config_lib.ConfigError(
+            "--num_towers=%d: evaluate on at least one tower (unset: as many as the run "
+            "trained on)." % num_towers
+        )
+    try:
+        return towerlib.tower_devices(count or None)
+    except ValueError as e:
+        raise config_lib.ConfigError("--num_towers=%d: %s" % (count, e)) from e
+
+
+def check_batches_fill_the_towers(total: int, batch_size: int, num_towers: int) -> None:
+    """Every evaluation batch, the last one included, must give each tower an example.
+
+    Raises:
+      ConfigError: naming a --eval_batch_size that works with this many towers.
+    """
+    if batch_size < 1:
+        raise config_lib.ConfigError(
+            "--eval_batch_size=%d: use a positive number of examples." % batch_size
+        )
+    if total < num_towers:
+        raise config_lib.ConfigError(
+            "--num_towers=%d: the test files hold %d examples, fewer than the towers. Fix: "
+            "--num_towers=%d or fewer." % (num_towers, total, total)
+        )
+    last = total % batch_size
+    if batch_size >= num_towers and not 0 < last < num_towers:
+        return
+    works = next(
+        b for b in range(max(batch_size, num_towers), total + 1)
+        if not 0 < total % b < num_towers
+    )
+    raise config_lib.ConfigError(
+        "--eval_batch_size=%d over %d towers: the %d test examples leave a batch of %d, "
+        "and every tower needs at least one example of each batch. Fix: "
+        "--eval_batch_size=%d, or fewer --num_towers."
+        % (batch_size, num_towers, total, last if batch_size >= num_towers else batch_size,
+           works)
+    )
+
+
+def _correct_predictions(model: models.CifarModel):
+    """build_eval_graph's metric_fn: 1 for each example of the tower predicted right."""
+
+    def metric_fn(inputs, ctx):
+        images, labels = inputs
+        predictions = tf.argmax(model.logits(images, ctx), axis=1, output_type=tf.int32)
+        return {"correct": tf.cast(tf.equal(predictions, labels), tf.int32)}
+
+    return metric_fn
+
+
 def evaluate_checkpoint(
     checkpoint: str,
     run_config: config_lib.TrainConfig,
@@ -64,33 +134,41 @@ def evaluate_checkpoint(
     batch_size: int = 500,
     eval_dir: Optional[str] = None,
     log: Callable[[str], None] = logger.info,
+    num_towers: Optional[int] = None,
 ) -> EvalResult:
-    """Counts correct top-1 predictions of ``checkpoint`` over every test example once."""
+    """Counts correct top-1 predictions of ``checkpoint`` over every test example once.
+
+    Each batch is split over the towers (``num_towers``; None: as many as the run
+    trained on), and towerlib.build_eval_graph sums the towers' per-example counts
+    exactly, so the precision is the one a single device gives.
+    """
     global_step = int(tf.train.load_variable(checkpoint, "global_step"))
     ema = run_config.ema_decay is not None
+    devices = eval_devices(run_config, num_towers)
+    total = test_files.num_examples
+    check_batches_fill_the_towers(total, batch_size, len(devices))
     with tf.Graph().as_default():
         with tf.device("/device:CPU:0"):
             dataset = input_pipeline.eval_dataset(test_files, batch_size)
             images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-        logits = models.inference_logits(run_config.make_model(), images)
-        predictions = tf.argmax(logits, axis=1, output_type=tf.int32)
-        batch_correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.int64))
-        batch_examples = tf.size(labels)
-        saver = restore_saver(run_config)
-        total = test_files.num_examples
+        evaluation = towerlib.build_eval_graph(
+            _correct_predictions(run_config.make_model()), (images, labels), devices=devices
+        )
+        counts = [evaluation.totals["correct"], evaluation.examples]
+        saver = restore_saver(run_config)  # the model's variables; the totals are local
         report_every = max(1, total // (PROGRESS_LINES + 1))
         correct = seen = 0
         next_report = report_every
         start = time.time()
-        with tf.compat.v1.Session(config=towerlib.session_config(1)) as session:
+        with tf.compat.v1.Session(config=towerlib.session_config(len(devices))) as session:
             saver.restore(session, checkpoint)
+            session.run(tf.compat.v1.local_variables_initializer())
             while True:
                 try:
-                    batch_c, batch_n = session.run([batch_correct, batch_examples])
+                    session.run(evaluation.update_op)
                 except tf.errors.OutOfRangeError:
                     break
-                correct += int(batch_c)
-                seen += int(batch_n)
+                correct, seen = (int(n) for n in session.run(counts))
                 if seen >= next_report and seen < total:
                     log(
                         "eval step %d: %d/%d examples, precision@1 so far %.4f"
@@ -103,7 +181,7 @@ def evaluate_checkpoint(
         )
     precision = correct / total
     log(
-        "eval step %d: precision@1 = %.4f (%d/%d) on %s%s, %.1f s"
+        "eval step %d: precision@1 = %.4f (%d/%d) on %s%s, %d tower(s), %.1f s"
         % (
             global_step,
             precision,
@@ -111,13 +189,14 @@ def evaluate_checkpoint(
             total,
             test_files.batches_dir,
             " [generated data]" if test_files.generated else "",
+            len(devices),
             time.time() - start,
         )
         + (" with the moving-average weights" if ema else "")
     )
     if eval_dir:
         write_scalar(eval_dir, "precision_at_1", precision, global_step)
-    return EvalResult(precision, correct, total, global_step, checkpoint, ema)
+    return EvalResult(precision, correct, total, global_step, checkpoint, ema, len(devices))
 
 
 def _load_run(train_dir: str, data_dir: Optional[str]):
@@ -133,8 +212,10 @@ def evaluate_latest(
     data_dir: Optional[str] = None,
     batch_size: int = 500,
     eval_dir: Optional[str] = None,
+    num_towers: Optional[int] = None,
 ) -> EvalResult:
-    """Evaluates the newest checkpoint in train_dir.
+    """Evaluates the newest checkpoint in train_dir (on num_towers towers; None: as many
+    as the run trained on).
 
     Raises:
       ConfigError: train_dir holds no run or no checkpoint yet.
@@ -146,7 +227,9 @@ def evaluate_latest(
             "No checkpoint in --train_dir=%r yet. Fix: train first (or use --continuous to "
             "wait for one)." % train_dir
         )
-    return evaluate_checkpoint(checkpoint, run_config, test_files, batch_size, eval_dir)
+    return evaluate_checkpoint(
+        checkpoint, run_config, test_files, batch_size, eval_dir, num_towers=num_towers
+    )
 
 
 def evaluate_continuously(
@@ -156,6 +239,7 @@ def evaluate_continuously(
     eval_dir: Optional[str] = None,
     interval_secs: int = 30,
     timeout_secs: int = 600,
+    num_towers: Optional[int] = None,
 ):
     """Evaluates each new checkpoint until one at the run's last step has been evaluated,
     or none appears for ``timeout_secs``. Returns the last EvalResult (None if none)."""
@@ -164,7 +248,9 @@ def evaluate_continuously(
     for checkpoint in tf.compat.v1.train.checkpoints_iterator(
         train_dir, min_interval_secs=interval_secs, timeout=timeout_secs
     ):
-        last = evaluate_checkpoint(checkpoint, run_config, test_files, batch_size, eval_dir)
+        last = evaluate_checkpoint(
+            checkpoint, run_config, test_files, batch_size, eval_dir, num_towers=num_towers
+        )
         # The run may have been restarted with a later last step: re-read its config.
         run_config = config_lib.load(train_dir)
         if last.global_step >= run_config.max_steps:
@@ -188,10 +274,15 @@ def main(argv):
                 eval_dir,
                 flags.eval_interval_secs,
                 flags.eval_timeout_secs,
+                num_towers=flags.num_towers,
             )
         else:
             evaluate_latest(
-                flags.train_dir, flags.data_dir or None, flags.eval_batch_size, eval_dir
+                flags.train_dir,
+                flags.data_dir or None,
+                flags.eval_batch_size,
+                eval_dir,
+                num_towers=flags.num_towers,
             )
 
     script_runner.run(argv, body)

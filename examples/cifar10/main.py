@@ -86,7 +86,10 @@ def run(config) -> dict:
     result = train.train(config)
     trained = time.time()
     evaluation = eval_lib.evaluate_latest(
-        config.train_dir, batch_size=500, eval_dir=os.path.join(config.train_dir, "eval")
+        config.train_dir,
+        batch_size=500,
+        eval_dir=os.path.join(config.train_dir, "eval"),
+        num_towers=len(result.plan.devices),
     )
     evaluated = time.time()
     saved_model_dir = export_lib.export(config.train_dir)

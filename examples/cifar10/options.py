@@ -308,6 +308,13 @@ def define_eval_flags():
     )
     _define(flags.DEFINE_integer, "eval_batch_size", 500, "Examples per evaluation batch.")
     _define(
+        flags.DEFINE_integer,
+        "num_towers",
+        None,
+        "Towers to split each evaluation batch over (GPUs, or virtual CPU devices when "
+        "there are none). Unset: as many as the run trained on.",
+    )
+    _define(
         flags.DEFINE_bool,
         "continuous",
         False,
