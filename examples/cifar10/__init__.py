@@ -1,1 +1,6 @@
 """The bundled CIFAR-10 example: data, models, and the train/eval/export/main scripts."""
+
+from examples.cifar10 import quiet_tensorflow
+
+# First, before any module of the package imports TensorFlow (see quiet_tensorflow).
+quiet_tensorflow.keep_tensorflow_quiet()
