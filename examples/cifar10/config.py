@@ -15,13 +15,13 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from typing import List, Optional, Set, Union
 
 import towerlib
-from examples.cifar10 import input_pipeline, models, schedule
+from examples.cifar10 import default_dirs, input_pipeline, models, schedule
 from towerlib import accumulation as accumulation_lib
 from towerlib import cluster as cluster_lib
+from towerlib import durable_files
 from towerlib import mixed_precision
 from towerlib import variable_update as variable_update_lib
 
@@ -38,7 +38,10 @@ class ConfigError(ValueError):
 class TrainConfig:
     """Settings of one training run (see train.py's flags for their meaning)."""
 
-    train_dir: str = "/tmp/cifar10_train"
+    # Per user and clone of the repository (default_dirs), never one shared /tmp folder.
+    train_dir: str = dataclasses.field(
+        default_factory=lambda: default_dirs.default_train_dir("train")
+    )
     data_dir: Optional[str] = None  # None: generated data under train_dir
     download: bool = False
     download_url: str = ""
@@ -296,6 +299,11 @@ def check(config: TrainConfig) -> List[str]:
         raise ConfigError(
             "--train_dir is empty: give a folder for checkpoints and summaries."
         )
+    for name in ("save_checkpoint_steps", "save_summaries_steps", "log_every_n_steps"):
+        if getattr(config, name) < 1:
+            raise ConfigError(
+                "--%s=%d: use a count of steps >= 1." % (name, getattr(config, name))
+            )
     return devices
 
 
@@ -386,15 +394,8 @@ def save(config: TrainConfig, train_dir: str) -> str:
     """Writes the config to train_dir/train_config.json atomically; returns the path."""
     os.makedirs(train_dir, exist_ok=True)
     path = os.path.join(train_dir, CONFIG_FILE)
-    fd, tmp_path = tempfile.mkstemp(dir=train_dir, prefix="." + CONFIG_FILE)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(dataclasses.asdict(config), f, indent=2, sort_keys=True)
-        os.replace(tmp_path, path)
-    except BaseException:
-        if os.path.exists(tmp_path):
-            os.remove(tmp_path)
-        raise
+    text = json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True)
+    durable_files.atomic_write_text(path, text)  # fsynced, renamed into place
     return path
 
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 import towerlib
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, data_source, input_pipeline, models, options
-from examples.cifar10 import script_runner
+from examples.cifar10 import run_errors, script_runner
 
 logger = logging.getLogger("cifar10")
 
@@ -221,7 +221,9 @@ def evaluate_latest(
       ConfigError: train_dir holds no run or no checkpoint yet.
     """
     run_config, test_files = _load_run(train_dir, data_dir)
-    checkpoint = tf.train.latest_checkpoint(train_dir)
+    # The newest checkpoint that reads back (a torn newest one is skipped), as training
+    # restores it; not the state file's latest.
+    checkpoint = run_errors.restorable_checkpoint(train_dir)
     if not checkpoint:
         raise config_lib.ConfigError(
             "No checkpoint in --train_dir=%r yet. Fix: train first (or use --continuous to "
@@ -248,6 +250,10 @@ def evaluate_continuously(
     for checkpoint in tf.compat.v1.train.checkpoints_iterator(
         train_dir, min_interval_secs=interval_secs, timeout=timeout_secs
     ):
+        # A torn newest checkpoint is skipped for the newest one that reads back.
+        checkpoint = run_errors.restorable_checkpoint(train_dir)
+        if checkpoint is None or (last is not None and checkpoint == last.checkpoint):
+            continue
         last = evaluate_checkpoint(
             checkpoint, run_config, test_files, batch_size, eval_dir, num_towers=num_towers
         )

@@ -26,7 +26,7 @@ import tensorflow as tf
 import towerlib
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, eval as eval_lib, input_pipeline, models, options
-from examples.cifar10 import script_runner
+from examples.cifar10 import run_errors, script_runner
 
 logger = logging.getLogger("cifar10")
 
@@ -54,7 +54,9 @@ def export(
       ConfigError: train_dir holds no run or no checkpoint.
     """
     run_config = config_lib.load(train_dir)
-    checkpoint = checkpoint or tf.train.latest_checkpoint(train_dir)
+    # The newest checkpoint that reads back (as training restores it), not the state
+    # file's latest, which may be torn.
+    checkpoint = checkpoint or run_errors.restorable_checkpoint(train_dir)
     if not checkpoint:
         raise config_lib.ConfigError(
             "No checkpoint in --train_dir=%r to export. Fix: train first." % train_dir

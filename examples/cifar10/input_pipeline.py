@@ -33,28 +33,38 @@ CONTRAST_RANGE = (0.2, 1.8)
 SHUFFLE_BUFFER = 20000
 
 
-def _random_pad_crop_flip(image):
+def _random_pad_crop_flip(image, seed=None):
     """uint8/float [32, 32, 3] -> float32 [32, 32, 3]: a random 32x32 window of the image
-    zero-padded by PAD_PIXELS on each side, flipped left-right with probability 1/2."""
+    zero-padded by PAD_PIXELS on each side, flipped left-right with probability 1/2.
+    ``seed``: int64 [2], this element's own (stateless ops: see train_dataset); None
+    draws one (outside a saved pipeline only: that draw is a stateful op)."""
+    if seed is None:
+        seed = tf.random.uniform([2], maxval=2**62, dtype=tf.int64)
+    crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
     image = tf.cast(image, tf.float32)
     padded = tf.pad(image, [[PAD_PIXELS, PAD_PIXELS], [PAD_PIXELS, PAD_PIXELS], [0, 0]])
-    cropped = tf.image.random_crop(
-        padded, [data.IMAGE_SIZE, data.IMAGE_SIZE, data.IMAGE_CHANNELS]
+    cropped = tf.image.stateless_random_crop(
+        padded, [data.IMAGE_SIZE, data.IMAGE_SIZE, data.IMAGE_CHANNELS], seed=crop_seed
     )
-    return tf.image.random_flip_left_right(cropped)
+    return tf.image.stateless_random_flip_left_right(cropped, seed=flip_seed)
 
 
-def augment_tutorial(image):
+def augment_tutorial(image, seed):
     """The tutorial's distortions at 32x32: uint8 [32, 32, 3] -> standardized float32."""
-    image = _random_pad_crop_flip(image)
-    image = tf.image.random_brightness(image, max_delta=BRIGHTNESS_MAX_DELTA)
-    image = tf.image.random_contrast(image, *CONTRAST_RANGE)
+    geometry_seed, brightness_seed, contrast_seed = tf.unstack(
+        tf.random.experimental.stateless_split(seed, 3)
+    )
+    image = _random_pad_crop_flip(image, geometry_seed)
+    image = tf.image.stateless_random_brightness(
+        image, max_delta=BRIGHTNESS_MAX_DELTA, seed=brightness_seed
+    )
+    image = tf.image.stateless_random_contrast(image, *CONTRAST_RANGE, seed=contrast_seed)
     return tf.image.per_image_standardization(image)
 
 
-def augment_resnet(image):
+def augment_resnet(image, seed):
     """The CIFAR ResNet paper's augmentation: uint8 [32, 32, 3] -> standardized float32."""
-    return tf.image.per_image_standardization(_random_pad_crop_flip(image))
+    return tf.image.per_image_standardization(_random_pad_crop_flip(image, seed))
 
 
 def preprocess_eval(image):
@@ -114,7 +124,11 @@ def train_dataset(
       batch_size: examples per element: the global batch on one machine (towerlib splits
         it over the towers), this worker's share of it in a cluster.
       augmentation: 'tutorial' or 'resnet'.
-      seed: seeds the shuffle order (augmentation randomness stays op-seeded by the graph).
+      seed: seeds the shuffle order and the augmentation (None: random ones). The
+        augmentation uses stateless random ops, each element with its own seed pair drawn
+        from tf.data.Dataset.random(seed), and the map keeps the order: the stream is a
+        function of the seed, and its whole state (file offsets, shuffle buffer, random
+        streams) can be saved in a checkpoint (towerlib.saved_position_iterator).
       shuffle_buffer: examples in the shuffle window.
       num_shards, shard_index: read only this shard of the records (see train_records):
         in a cluster, the number of workers and this worker's index.
@@ -137,16 +151,21 @@ def train_dataset(
             "Shard %d of %d of %d training examples is empty."
             % (shard_index, num_shards, split_files.num_examples)
         )
-    dataset = train_records(split_files, num_shards, shard_index).cache()
+    # No cache(): a saved position would hold the whole cache (the files are re-read,
+    # from the page cache, each epoch).
+    dataset = train_records(split_files, num_shards, shard_index)
     dataset = dataset.shuffle(
         min(shuffle_buffer, records),
         seed=seed,
         reshuffle_each_iteration=True,
     ).repeat()
-    dataset = dataset.map(
-        lambda image, label: (augment(image), label),
+    # One stateless seed pair per element, from a random stream that is part of the
+    # pipeline's saved state.
+    element_seeds = tf.data.Dataset.random(seed=seed).batch(2)
+    dataset = tf.data.Dataset.zip((dataset, element_seeds)).map(
+        lambda record, element_seed: (augment(record[0], element_seed), record[1]),
         num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=False,
+        deterministic=True,
     )
     dataset = dataset.batch(batch_size, drop_remainder=True)
     return dataset.prefetch(tf.data.AUTOTUNE)

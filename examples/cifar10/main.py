@@ -24,7 +24,7 @@ from absl import app, flags  # noqa: E402
 
 from examples.cifar10 import data, eval as eval_lib, export as export_lib  # noqa: E402
 from examples.cifar10 import config as config_lib, options, train  # noqa: E402
-from examples.cifar10 import script_runner  # noqa: E402
+from examples.cifar10 import default_dirs, script_runner  # noqa: E402
 from towerlib import cluster as cluster_lib  # noqa: E402
 
 logger = logging.getLogger("cifar10")
@@ -32,7 +32,7 @@ logger = logging.getLogger("cifar10")
 # The defaults of the main job, tuned to reach >= 95% on the generated data in a few
 # minutes on 2 CPU cores (see docs/cifar10.md for the measured figures).
 MAIN_DEFAULTS = {
-    "train_dir": "/tmp/cifar10_main",
+    "train_dir": default_dirs.default_train_dir("main"),  # per user and clone
     "num_towers": 2,
     "model": "convnet",
     "global_batch_size": 128,
@@ -80,10 +80,10 @@ def refuse_cluster(tf_config: str) -> None:
         )
 
 
-def run(config) -> dict:
+def run(config, overwrite_train_dir: bool = False) -> dict:
     """Trains, evaluates and exports; returns the figures printed at the end."""
     start = time.time()
-    result = train.train(config)
+    result = train.train(config, overwrite_train_dir=overwrite_train_dir)
     trained = time.time()
     evaluation = eval_lib.evaluate_latest(
         config.train_dir,
@@ -119,7 +119,7 @@ def main(argv):
     def body():
         refuse_cluster(os.environ.get("TF_CONFIG", ""))
         config = options.train_config_from_flags()
-        figures = run(config)
+        figures = run(config, flags.FLAGS.overwrite_train_dir)
         seconds = figures["seconds"]
         print(
             "\n".join(

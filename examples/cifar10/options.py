@@ -248,7 +248,21 @@ def define_train_flags():
         d.save_summaries_steps,
         "Write TensorBoard summaries this often.",
     )
-    _define(flags.DEFINE_integer, "seed", None, "Graph-level random seed (unset: random).")
+    _define(
+        flags.DEFINE_integer,
+        "seed",
+        None,
+        "Seeds the weights, the shuffle order and the augmentation: two runs with one "
+        "seed repeat bit for bit on CPU, interrupted or not (unset: random).",
+    )
+    _define(
+        flags.DEFINE_bool,
+        "overwrite_train_dir",
+        False,
+        "Delete the run already in --train_dir (checkpoints, events, train_config.json, "
+        "eval/, export/) and start over. Without it, flags that describe another run "
+        "than the recorded one are refused.",
+    )
 
 
 def define_cluster_flags():

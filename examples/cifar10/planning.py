@@ -12,7 +12,7 @@ import logging
 from typing import List, Optional
 
 from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, data_source, input_pipeline, schedule
+from examples.cifar10 import data, data_source, input_pipeline, run_folder, schedule
 from towerlib import cluster as cluster_lib
 
 logger = logging.getLogger("cifar10")
@@ -53,13 +53,19 @@ class TrainPlan:
 
 
 def make_plan(
-    config: config_lib.TrainConfig, cluster: Optional[cluster_lib.ClusterInfo] = None
+    config: config_lib.TrainConfig,
+    cluster: Optional[cluster_lib.ClusterInfo] = None,
+    overwrite_train_dir: bool = False,
 ) -> TrainPlan:
     """Checks the flags, prepares and validates the data, and derives the schedule.
+
+    Nothing is written before every check of the flags passed, the folder's included
+    (run_folder: writable, and holding this run or none unless overwrite_train_dir).
 
     Args:
       config: the run's settings.
       cluster: this worker's task in a cluster (not a ps task); None on one machine.
+      overwrite_train_dir: the run in train_dir is to be replaced (not compared).
 
     Raises:
       ConfigError, DataError, DownloadError: a problem the user can fix, with the fix.
@@ -73,7 +79,11 @@ def make_plan(
         devices = cluster_lib.tower_devices(
             cluster, config.num_towers or None, config.device_type
         )
-    config_lib.check_compatible_with_saved(config)
+    is_chief = cluster is None or cluster.is_chief
+    if is_chief:
+        run_folder.check_writable(config.train_dir)
+    if not overwrite_train_dir:
+        run_folder.check_flags_match_folder(config)
     data_dir, train_files, test_files = data_source.prepare(
         config.data_dir,
         config.train_dir,

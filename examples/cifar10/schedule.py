@@ -90,6 +90,11 @@ def epochs_to_steps(epochs: float, examples_per_epoch: int, global_batch_size: i
     return int(round(epochs * steps_per_epoch(examples_per_epoch, global_batch_size)))
 
 
+# Above this a CIFAR model diverges in its first steps; a larger value is a typo
+# (0.1 -> 10, a missing minus in 1e-3), refused before anything is written.
+MAX_LEARNING_RATE = 10.0
+
+
 def check_settings(
     base_rate: float,
     decay_epochs: Sequence[float],
@@ -103,6 +108,11 @@ def check_settings(
     """
     if not base_rate > 0:
         raise ValueError("The learning rate must be > 0, got %r." % base_rate)
+    if not base_rate <= MAX_LEARNING_RATE:  # also refuses NaN and Inf
+        raise ValueError(
+            "The learning rate must be at most %g, got %r (e.g. 0.1 for SGD with "
+            "momentum on CIFAR)." % (MAX_LEARNING_RATE, base_rate)
+        )
     if not 0 < decay_factor <= 1:
         raise ValueError(
             "The learning-rate decay factor must be in (0, 1], got %r." % decay_factor

@@ -12,10 +12,17 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, download
+from examples.cifar10 import data, download, run_errors
+from towerlib import data_position
 
 # The errors a user can fix from the command line; the scripts print them without a trace.
-USER_ERRORS = (config_lib.ConfigError, data.DataError, download.DownloadError)
+USER_ERRORS = (
+    config_lib.ConfigError,
+    data.DataError,
+    download.DownloadError,
+    run_errors.RunError,
+    data_position.DataPositionError,
+)
 
 
 def configure_logging():

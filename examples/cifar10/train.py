@@ -34,7 +34,8 @@ import tensorflow as tf
 
 import towerlib
 from examples.cifar10 import config as config_lib
-from examples.cifar10 import input_pipeline, options, script_runner
+from examples.cifar10 import input_pipeline, options, run_errors, run_folder
+from examples.cifar10 import script_runner
 from examples.cifar10.planning import TrainPlan, describe, make_plan
 from towerlib import cluster as cluster_lib
 
@@ -70,7 +71,13 @@ def _inputs_and_optimizer(plan: TrainPlan):
                 num_shards=plan.num_shards,
                 shard_index=plan.shard_index,
             )
-            images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+            if plan.cluster is None:
+                # The data position is saved in every checkpoint: a restart reads on.
+                iterator = towerlib.saved_position_iterator(dataset)
+            else:
+                # Only the chief saves; the other workers' positions are not kept.
+                iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+            images, labels = iterator.get_next()
         learning_rate = plan.lr_schedule.tensor(global_step)
         if config.optimizer == "momentum":
             optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, config.momentum)
@@ -89,7 +96,10 @@ def build_training(plan: TrainPlan):
     if plan.cluster is not None:
         raise ValueError("build_training is for one machine; use build_replica_training.")
     if config.seed is not None:
-        tf.compat.v1.set_random_seed(config.seed)
+        # Graph seed, Python and NumPy: with the seeded, order-keeping input pipeline a
+        # run repeats bit for bit on CPU (TF's op determinism is not needed there:
+        # tests/test_cifar10_exact_runs.py).
+        towerlib.seed_everything(config.seed)
     global_step, (images, labels), learning_rate, optimizer = _inputs_and_optimizer(plan)
     train_graph = towerlib.build_train_graph(
         config.make_model(),
@@ -149,8 +159,9 @@ def build_replica_training(plan: TrainPlan):
 
 
 def checkpoint_step(train_dir: str) -> int:
-    """The global step of the latest checkpoint in train_dir, or 0 when there is none."""
-    checkpoint = tf.train.latest_checkpoint(train_dir)
+    """The global step of the newest restorable checkpoint in train_dir (the one
+    run_training restores, a torn newer one skipped), or 0 when there is none."""
+    checkpoint = run_errors.restorable_checkpoint(train_dir)
     if not checkpoint:
         return 0
     return int(tf.train.load_variable(checkpoint, "global_step"))
@@ -174,8 +185,10 @@ def _loop_settings(plan: TrainPlan) -> dict:
     )
 
 
-def _run_one_machine(plan: TrainPlan):
+def _run_one_machine(plan: TrainPlan, restore_from: Optional[str]):
     train_graph, _ = build_training(plan)
+    run_folder.check_checkpoint_fits_graph(restore_from, plan.config.train_dir)
+    run_folder.record(plan.config, plan.data_dir, plan.max_steps)  # every check passed
     return towerlib.run_training(
         train_graph,
         session_config=towerlib.session_config(len(plan.devices)),
@@ -183,8 +196,11 @@ def _run_one_machine(plan: TrainPlan):
     )
 
 
-def _run_replica(plan: TrainPlan, startup_timeout_secs: float):
+def _run_replica(plan: TrainPlan, startup_timeout_secs: float, restore_from):
     sync_graph, _ = build_replica_training(plan)
+    if plan.is_chief:
+        run_folder.check_checkpoint_fits_graph(restore_from, plan.config.train_dir)
+        run_folder.record(plan.config, plan.data_dir, plan.max_steps)
     server = cluster_lib.start_server(plan.cluster, len(plan.devices))
     return cluster_lib.run_distributed_training(
         sync_graph,
@@ -198,6 +214,7 @@ def train(
     config: config_lib.TrainConfig,
     cluster: Optional[cluster_lib.ClusterInfo] = None,
     startup_timeout_secs: float = 600.0,
+    overwrite_train_dir: bool = False,
 ) -> TrainResult:
     """Runs (or resumes) training as ``config`` says; returns where it stopped.
 
@@ -207,17 +224,23 @@ def train(
         train on this machine only.
       startup_timeout_secs: in a cluster, how long to wait for the ps tasks to answer and,
         on a worker other than the chief, for the chief to initialize the model.
+      overwrite_train_dir: delete the run in train_dir (if any) and start over, instead
+        of refusing flags that describe another run.
+
+    train_config.json is written only once every check passed, the graph built and the
+    checkpoint to restore found to fit it (run_folder).
     """
-    plan = make_plan(config, cluster)
-    if plan.is_chief:
-        # Saved with the data folder and last step actually used, for eval and export.
-        saved_config = dataclasses.replace(
-            config, data_dir=plan.data_dir, max_steps=plan.max_steps
-        )
-        config_lib.save(saved_config, config.train_dir)
+    plan = make_plan(config, cluster, overwrite_train_dir)
+    if plan.is_chief and overwrite_train_dir:
+        run_folder.start_over(config.train_dir)
     logger.info(describe(plan))
     # Only the chief restores; another worker's train_dir may not even be the chief's.
-    start_step = checkpoint_step(config.train_dir) if plan.is_chief else 0
+    restore_from = (
+        run_errors.restorable_checkpoint(config.train_dir) if plan.is_chief else None
+    )
+    start_step = (
+        int(tf.train.load_variable(restore_from, "global_step")) if restore_from else 0
+    )
     if start_step:
         logger.info(
             "Resuming from the checkpoint in %s at global step %d.",
@@ -242,12 +265,12 @@ def train(
         )
         return TrainResult(start_step, start_step, None, 0.0, plan)
 
-    with tf.Graph().as_default():
+    with tf.Graph().as_default(), run_errors.one_line_errors(config.train_dir):
         start = time.time()
         if cluster is None:
-            global_step, loss = _run_one_machine(plan)
+            global_step, loss = _run_one_machine(plan, restore_from)
         else:
-            global_step, loss = _run_replica(plan, startup_timeout_secs)
+            global_step, loss = _run_replica(plan, startup_timeout_secs, restore_from)
         seconds = time.time() - start
     end_step = global_step if global_step is not None else start_step
     logger.info(
@@ -296,7 +319,9 @@ def main(argv):
             config_lib.check_variable_update_for_cluster(config)
             serve_parameters(cluster, flags.ps_timeout_secs or None)
         else:
-            train(config, cluster, flags.startup_timeout_secs)
+            train(
+                config, cluster, flags.startup_timeout_secs, flags.overwrite_train_dir
+            )
 
     script_runner.run(argv, body)
 
