@@ -1,0 +1,208 @@
+"""Issue 14: a train_dir holds one run. Flags describing another are refused before anything
+is written; a torn newest checkpoint is skipped by train, eval and export alike; every
+user error of the train script is one line, exit status 2, nothing half-written."""
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+import towerlib
+from examples.cifar10 import config as config_lib
+from examples.cifar10 import default_dirs, eval as eval_lib, export as export_lib
+from examples.cifar10 import generate, run_errors, train
+from towerlib import checkpoints
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def data_sets(tmp_path_factory):
+    """Two different tiny data sets in the CIFAR-10 format."""
+    root = tmp_path_factory.mktemp("data")
+    first, second = str(root / "first"), str(root / "second")
+    generate.generate(first, train_per_file=20, test_examples=20)
+    generate.generate(second, seed=99, train_per_file=20, test_examples=20)
+    return first, second
+
+
+def tiny_config(train_dir, data_dir, **overrides):
+    settings = dict(
+        train_dir=str(train_dir),
+        data_dir=data_dir,
+        model="resnet8",
+        num_towers=2,
+        device_type="cpu",
+        global_batch_size=8,
+        max_steps=8,
+        save_checkpoint_steps=4,
+        log_every_n_steps=4,
+        seed=3,
+    )
+    settings.update(overrides)
+    return config_lib.TrainConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, data_sets):
+    """A finished 8-step run (checkpoints at 0, 4 and 8) on the first data set."""
+    config = tiny_config(tmp_path_factory.mktemp("finished"), data_sets[0])
+    train.train(config)
+    return config
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    train_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run.train_dir, train_dir)
+    return train_dir
+
+
+def _config_bytes(train_dir):
+    with open(os.path.join(train_dir, config_lib.CONFIG_FILE), "rb") as f:
+        return f.read()
+
+
+def test_another_data_set_is_refused_not_answered_with_the_old_model(run_copy, data_sets):
+    before = _config_bytes(run_copy)
+    with pytest.raises(
+        config_lib.ConfigError,
+        match=r"holds another run .*recorded --data_dir=\S+first, flags --data_dir=\S+"
+        r"second.*Fix: a new --train_dir.*--overwrite_train_dir",
+    ):
+        train.train(tiny_config(run_copy, data_sets[1]))
+    assert _config_bytes(run_copy) == before
+
+
+def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data_sets):
+    train_dir = tmp_path / "sgd"
+    train.train(tiny_config(train_dir, data_sets[0], optimizer="sgd", max_steps=4))
+    before = _config_bytes(train_dir)
+    with pytest.raises(config_lib.ConfigError) as error:
+        train.train(tiny_config(train_dir, data_sets[0], optimizer="momentum"))
+    assert "recorded --optimizer=sgd, flags --optimizer=momentum" in str(error.value)
+    assert "\n" not in str(error.value)
+    assert _config_bytes(train_dir) == before
+
+
+def test_overwrite_train_dir_starts_over(run_copy, data_sets):
+    result = train.train(
+        tiny_config(run_copy, data_sets[1], max_steps=4), overwrite_train_dir=True
+    )
+    assert (result.start_step, result.global_step) == (0, 4)
+    assert config_lib.load(run_copy).data_dir == data_sets[1]
+    assert not os.path.exists(os.path.join(run_copy, "model.ckpt-8.index"))
+
+
+def test_without_a_config_file_a_wrong_model_is_refused_before_writing(run_copy, data_sets):
+    os.remove(os.path.join(run_copy, config_lib.CONFIG_FILE))
+    with pytest.raises(config_lib.ConfigError, match=r"is of another model or optimizer"):
+        train.train(tiny_config(run_copy, data_sets[0], model="convnet", max_steps=12))
+    assert not os.path.exists(os.path.join(run_copy, config_lib.CONFIG_FILE))
+    # The right model still resumes the run (it was not recorded as convnet).
+    result = train.train(tiny_config(run_copy, data_sets[0], max_steps=12))
+    assert (result.start_step, result.global_step) == (8, 12)
+
+
+def test_a_torn_newest_index_is_skipped_by_train_eval_and_export(run_copy, data_sets, caplog):
+    with open(os.path.join(run_copy, "model.ckpt-8.index"), "r+b") as f:
+        f.truncate(500)
+    assert tf.train.latest_checkpoint(run_copy).endswith("model.ckpt-8")  # still named
+    assert train.checkpoint_step(run_copy) == 4
+    assert eval_lib.evaluate_latest(run_copy, num_towers=1).global_step == 4
+    assert export_lib.export(run_copy).endswith(os.sep + "4")
+    caplog.set_level("INFO", logger="cifar10")
+    result = train.train(tiny_config(run_copy, data_sets[0]))
+    assert (result.start_step, result.global_step) == (4, 8)
+    assert "Resuming from the checkpoint in %s at global step 4." % run_copy in (
+        caplog.messages
+    )
+
+
+def test_a_full_disk_names_the_folder_and_the_last_complete_checkpoint(
+    run_copy, data_sets, monkeypatch
+):
+    real_stage = checkpoints.CheckpointWriter._stage
+
+    def stage_until_full(self, session, step):
+        if step >= 12:
+            raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+        return real_stage(self, session, step)
+
+    monkeypatch.setattr(checkpoints.CheckpointWriter, "_stage", stage_until_full)
+    with pytest.raises(run_errors.RunError) as error:
+        train.train(tiny_config(run_copy, data_sets[0], max_steps=16))
+    message = str(error.value)
+    assert "No space left on the device of --train_dir=%r" % run_copy in message
+    assert "the last complete checkpoint is %s/model.ckpt-8" % run_copy in message
+    assert "\n" not in message
+
+
+def test_a_disk_full_oserror_is_one_line_too(tmp_path):
+    with pytest.raises(run_errors.RunError, match="No space left.*no complete checkpoint"):
+        with run_errors.one_line_errors(str(tmp_path)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_non_finite_loss_names_the_checkpoint_to_resume_from(tmp_path):
+    failure = towerlib.NonFiniteError(
+        5, ["tower 1 (/device:CPU:1): the loss is NaN or Inf"], applied=False,
+        last_checkpoint="/runs/a/model.ckpt-4")
+    with pytest.raises(run_errors.RunError) as error:
+        with run_errors.one_line_errors(str(tmp_path)):
+            raise failure
+    message = str(error.value)
+    assert "at step 5" in message and "/runs/a/model.ckpt-4" in message
+    assert "rerun the same command to resume from it" in message and "\n" not in message
+
+
+def test_the_default_train_dir_is_per_user_and_per_clone(monkeypatch):
+    here = default_dirs.default_train_dir("main")
+    assert not here.startswith("/tmp/cifar10")
+    assert "main-%s-" % default_dirs._user() in here
+    monkeypatch.setattr(default_dirs, "_CLONE", "/somewhere/else/towerlib")
+    assert default_dirs.default_train_dir("main") != here
+    assert config_lib.TrainConfig().train_dir != here
+
+
+@pytest.mark.slow  # the train script in a fresh process, once per case
+@pytest.mark.parametrize(
+    "case, args, expected",
+    [
+        ("fresh", ["--save_checkpoint_steps=0"], "--save_checkpoint_steps=0: use a count"),
+        ("file", [], "exists and is not a directory"),
+        ("unwritable", [], "--train_dir='/proc/1/towerlib_run'"),
+        ("fresh", ["--learning_rate=inf"], "learning rate must be at most 10"),
+        ("fresh", ["--learning_rate=1e9"], "learning rate must be at most 10"),
+    ],
+)
+def test_train_script_errors_are_one_line_and_write_nothing(
+    tmp_path, data_sets, case, args, expected
+):
+    train_dir = {
+        "fresh": str(tmp_path / "run"),
+        "file": str(tmp_path / "a_file"),
+        "unwritable": "/proc/1/towerlib_run",
+    }[case]
+    if case == "file":
+        with open(train_dir, "w") as f:
+            f.write("not a folder")
+    completed = subprocess.run(
+        [sys.executable, "-m", "examples.cifar10.train", "--train_dir=" + train_dir,
+         "--data_dir=" + data_sets[0], "--max_steps=2"] + args,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    # TensorFlow's start-up lines aside (TF_CPP_MIN_LOG_LEVEL=2 here), one error line,
+    # the last.
+    lines = completed.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error")]
+    assert errors == lines[-1:], completed.stderr[-2000:]
+    assert expected in errors[0]
+    assert "Traceback" not in completed.stderr
+    if case == "fresh":
+        assert not os.path.exists(train_dir)
