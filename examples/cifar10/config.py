@@ -175,13 +175,13 @@ def _check_loss_scale(config: TrainConfig) -> None:
 def _check_precision_and_accumulation(config: TrainConfig, num_towers: int) -> None:
     """--compute_dtype, --loss_scale and --accumulation_steps, judged by towerlib's own
     checks where it has them; the batch arithmetic is worded here with the numbers."""
-    try:
-        mixed_precision.check_compute_dtype(config.compute_dtype)
-    except ValueError as e:
+    # towerlib's names only: its check also takes TensorFlow's aliases ('half'), which
+    # the log line and train_config.json would then show instead of the dtype.
+    if config.compute_dtype not in mixed_precision.COMPUTE_DTYPES:
         raise ConfigError(
             "--compute_dtype=%r: choose %s (the weights stay float32 either way)."
             % (config.compute_dtype, ", ".join(mixed_precision.COMPUTE_DTYPES))
-        ) from e
+        )
     _check_loss_scale(config)
     try:
         accumulation_lib.check_accumulation_steps(config.accumulation_steps)

@@ -16,7 +16,9 @@ each tower is handed, so the same code serves 1 or N towers, training and evalua
   every convolution and the classifier.
 
 Inputs are standardized images float32 [B, 32, 32, 3] (NHWC) and labels int32 [B]; B is the
-tower's own share of the global batch.
+tower's own share of the global batch. With --compute_dtype=bfloat16 or float16 towerlib
+hands the towers the images in that dtype; the layers compute in their input's dtype on
+float32 variables, and `build` casts the logits to float32 before the loss.
 """
 
 import re

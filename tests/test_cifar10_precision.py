@@ -1,0 +1,187 @@
+"""The CIFAR-10 example's --compute_dtype, --loss_scale and --accumulation_steps: their
+checks, train_config.json, and runs: bfloat16 learns as well as float32 on the same seed,
+and two micro-batches per step train, evaluate and export.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from examples.cifar10 import config as config_lib
+from examples.cifar10 import eval as eval_lib
+from examples.cifar10 import generate, main, train
+from tests.test_cifar10_train import SHORT_RUN_STEPS, short_run_config
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(tmp_path, **overrides):
+    values = dict(train_dir=str(tmp_path / "run"), num_towers=2, device_type="cpu")
+    values.update(overrides)
+    return config_lib.TrainConfig(**values)
+
+
+# --- the settings, checked before anything is built (fast) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(compute_dtype="bfloat16"),
+        dict(compute_dtype="float16"),
+        dict(compute_dtype="float16", loss_scale="dynamic"),
+        dict(compute_dtype="float16", loss_scale="1024"),
+        dict(accumulation_steps=4, global_batch_size=8),
+    ],
+)
+def test_good_settings_pass(tmp_path, overrides):
+    config_lib.check(_config(tmp_path, **overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(compute_dtype="float64"), "--compute_dtype='float64': choose float32, float16"),
+        (dict(compute_dtype="half"), "--compute_dtype='half': choose float32, float16"),
+        (
+            dict(compute_dtype="bfloat16", loss_scale="dynamic"),
+            "--loss_scale=dynamic with --compute_dtype=bfloat16: only float16 needs loss "
+            "scaling",
+        ),
+        (dict(loss_scale="128"), "--loss_scale=128 with --compute_dtype=float32"),
+        (dict(compute_dtype="float16", loss_scale="big"), "--loss_scale='big': use dynamic"),
+        (dict(compute_dtype="float16", loss_scale="-2"), "--loss_scale='-2': use dynamic"),
+        (dict(accumulation_steps=0), "--accumulation_steps=0: use a whole number >= 1"),
+        (
+            dict(accumulation_steps=4, global_batch_size=7),
+            "--global_batch_size=7 with --accumulation_steps=4 on 2 towers: each step "
+            "splits the global batch into 4 micro-batches, each over the 2 towers, so it "
+            "needs at least 4 x 2 = 8 examples.",
+        ),
+    ],
+)
+def test_bad_settings_name_their_flag(tmp_path, overrides, message):
+    with pytest.raises(config_lib.ConfigError) as error:
+        config_lib.check(_config(tmp_path, **overrides))
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_the_loss_scale_reaches_towerlib_as_its_option():
+    assert config_lib.TrainConfig().resolved_loss_scale() is None
+    assert config_lib.TrainConfig(loss_scale="dynamic").resolved_loss_scale() == "dynamic"
+    assert config_lib.TrainConfig(loss_scale="1024").resolved_loss_scale() == 1024.0
+
+
+def test_a_run_saved_before_the_flags_existed_loads_with_the_defaults(tmp_path):
+    config = _config(tmp_path, compute_dtype="float16", loss_scale="512", accumulation_steps=2)
+    config_lib.save(config, config.train_dir)
+    assert config_lib.load(config.train_dir) == config
+    path = os.path.join(config.train_dir, config_lib.CONFIG_FILE)
+    with open(path) as f:
+        values = json.load(f)
+    for name in ("compute_dtype", "loss_scale", "accumulation_steps"):
+        del values[name]
+    with open(path, "w") as f:
+        json.dump(values, f)
+    loaded = config_lib.load(config.train_dir)
+    assert (loaded.compute_dtype, loaded.loss_scale, loaded.accumulation_steps) == (
+        "float32",
+        None,
+        1,
+    )
+
+
+@pytest.mark.slow  # the train script in a fresh process, once per case
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--compute_dtype=half"], "error: --compute_dtype='half'"),
+        (
+            ["--compute_dtype=bfloat16", "--loss_scale=dynamic"],
+            "error: --loss_scale=dynamic with --compute_dtype=bfloat16",
+        ),
+        (
+            ["--num_towers=2", "--device_type=cpu", "--global_batch_size=6",
+             "--accumulation_steps=4"],
+            "error: --global_batch_size=6 with --accumulation_steps=4 on 2 towers",
+        ),
+    ],
+)
+def test_train_script_refuses_in_one_line(tmp_path, args, expected):
+    completed = subprocess.run(
+        [sys.executable, "-m", "examples.cifar10.train", "--train_dir=%s" % tmp_path] + args,
+        cwd=REPO_ROOT,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(expected), completed.stderr[-3000:]
+    assert "Traceback" not in completed.stderr
+
+
+# --- runs on the generated data (slow) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def generated_data(tmp_path_factory):
+    """The built-in generated data set (5000 training, 1000 test examples), written once."""
+    folder = str(tmp_path_factory.mktemp("generated"))
+    generate.generate(folder)
+    return folder
+
+
+def _learning_run(train_dir, data_dir, compute_dtype):
+    """The main job's recipe, halved (8 epochs, decays at 5 and 7): about 0.98 on the
+    generated data, near its ceiling, where one seed's two dtypes can be compared."""
+    return config_lib.TrainConfig(
+        train_dir=train_dir,
+        data_dir=data_dir,
+        model="convnet",
+        num_towers=2,
+        device_type="cpu",
+        global_batch_size=128,
+        learning_rate=0.01,
+        train_epochs=8,
+        lr_decay_epochs=[5, 7],
+        bn_momentum=0.9,
+        ema_decay=0.99,
+        compute_dtype=compute_dtype,
+        log_every_n_steps=100,
+        save_checkpoint_steps=10000,
+        seed=1,
+    )
+
+
+@pytest.mark.slow  # two training runs of about a minute and a half each on 2 cores
+def test_bfloat16_reaches_the_precision_of_float32(tmp_path, generated_data):
+    precisions = {}
+    for dtype in ("float32", "bfloat16"):
+        config = _learning_run(str(tmp_path / dtype), generated_data, dtype)
+        train.train(config)
+        assert config_lib.load(config.train_dir).compute_dtype == dtype
+        result = eval_lib.evaluate_latest(config.train_dir)
+        assert result.examples == 1000 and result.ema
+        precisions[dtype] = result.precision_at_1
+    print("test precision@1:", precisions)
+    assert precisions["float32"] > 0.95, precisions
+    assert abs(precisions["bfloat16"] - precisions["float32"]) <= 0.01, precisions
+
+
+@pytest.mark.slow  # a short run of the main job
+def test_two_micro_batches_per_step_train_evaluate_and_export(tmp_path, generated_data):
+    config = short_run_config(
+        str(tmp_path), data_dir=generated_data, accumulation_steps=2, log_every_n_steps=60
+    )
+    figures = main.run(config)
+    assert config_lib.load(config.train_dir).accumulation_steps == 2
+    assert figures["global_step"] == SHORT_RUN_STEPS  # one step per global batch
+    assert figures["examples"] == 1000
+    assert figures["precision_at_1"] > 0.5, figures  # chance is 0.1
+    assert abs(figures["saved_model_precision_at_1"] - figures["precision_at_1"]) <= 0.002
