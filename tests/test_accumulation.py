@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import towerlib
 from tests import helpers
+from towerlib import layers
 
 TOLERANCE = 1e-5
 
@@ -194,3 +195,63 @@ def test_a_fed_batch_too_small_fails_at_run_time_with_the_reason():
     batch = helpers.image_batch(5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="accumulation_steps x towers"):
         run(helpers.conv_dense_model, batch, "sgd", 2, 3, feed=True, steps=1)
+
+
+def test_regularization_inside_the_tower_loss_counts_once_over_micro_batches():
+    """A tower returning data loss + add_n(REGULARIZATION_LOSSES): the same step
+    and the same reported losses with k = 1, 2 and 4 (the review's case)."""
+    def model(inputs, ctx):
+        images, labels = inputs
+        logits = layers.dense(layers.flatten(images), 3, name="fc", weight_decay=0.1)
+        data = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+        return data + tf.add_n(tf.compat.v1.losses.get_regularization_losses())
+
+    batch = helpers.image_batch(8, seed=9)
+    results = {}
+    for k in (1, 2, 4):
+        with tf.Graph().as_default():
+            tf.compat.v1.set_random_seed(0)
+            inputs = tuple(tf.constant(x) for x in batch)
+            train = towerlib.build_train_graph(
+                model, inputs, tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                devices=helpers.cpu_devices(2), accumulation_steps=k)
+            with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                losses = session.run([train.loss, train.regularization_loss])
+                session.run(train.train_op)
+                weights = [v for v in tf.compat.v1.global_variables()
+                           if v.op.name == "fc/weights"][0]
+                results[k] = losses + [session.run(weights)]
+    for k in (2, 4):
+        np.testing.assert_allclose(results[k][0], results[1][0], rtol=1e-6)
+        np.testing.assert_allclose(results[k][1], results[1][1], rtol=1e-6)
+        np.testing.assert_allclose(results[k][2], results[1][2], atol=1e-6)
+
+
+def test_examples_per_step_counts_every_micro_batch():
+    with tf.Graph().as_default():
+        train = helpers.build_on_image_batch(2, batch_size=16, accumulation_steps=4,
+                                             tower_fn=helpers.conv_dense_model)
+        assert towerlib.trainer.examples_per_step_of(train) == 16
+
+
+@pytest.mark.parametrize("bn_mode", ["first_tower", "all_towers"])
+def test_the_tower_functions_own_update_ops_run_once_per_step(bn_mode):
+    def model(inputs, ctx):
+        counter = tf.compat.v1.get_variable(
+            "steps_seen", [], tf.int32, initializer=tf.compat.v1.zeros_initializer(),
+            trainable=False)
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS,
+                                       counter.assign_add(1))
+        return helpers.conv_dense_model(inputs, ctx)
+
+    with tf.Graph().as_default():
+        train = helpers.build_on_image_batch(1, tower_fn=model, batch_size=8,
+                                             accumulation_steps=4, bn_mode=bn_mode)
+        with tf.compat.v1.Session(config=towerlib.session_config(1)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(train.train_op)
+            counter = [v for v in tf.compat.v1.global_variables()
+                       if v.op.name == "steps_seen"][0]
+            assert session.run(counter) == 1

@@ -102,3 +102,15 @@ def test_a_mean_instead_of_per_example_values_is_refused():
         batch = tuple(tf.constant(x) for x in helpers.image_batch(6))
         with pytest.raises(ValueError, match="one value per example"):
             towerlib.build_eval_graph(mean_metric, batch, devices=helpers.cpu_devices(2))
+
+
+def test_a_metric_of_another_length_than_the_examples_is_refused():
+    def wrong_length(inputs, ctx):
+        images, labels = inputs
+        return {"correct": tf.cast(tf.equal(labels, labels), tf.int32),
+                "doubled": tf.concat([labels, labels], axis=0)}
+
+    with tf.Graph().as_default():
+        batch = tuple(tf.constant(x) for x in helpers.image_batch(6))
+        with pytest.raises(ValueError, match="'doubled' has 6 values but tower 0 has 3"):
+            towerlib.build_eval_graph(wrong_length, batch, devices=helpers.cpu_devices(2))

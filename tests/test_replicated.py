@@ -306,3 +306,75 @@ def test_copies_live_on_their_towers_devices():
             for tower, copy in enumerate(copies):
                 assert tf.DeviceSpec.from_string(copy.device).device_index == tower, (
                     name, tower, copy.device)
+
+
+def test_sync_copies_op_repairs_a_restore_after_the_copies_were_initialized(tmp_path):
+    """The TF 1 order 'init global, init local, restore' leaves the copies at
+    their old values; TrainGraph.sync_copies_op copies tower 0's into them."""
+    batch = helpers.image_batch(8, seed=13)
+    with tf.Graph().as_default():
+        inputs = tuple(tf.constant(x) for x in batch)
+        train = towerlib.build_train_graph(
+            helpers.conv_dense_model, inputs, _optimizer("momentum"),
+            devices=helpers.cpu_devices(2), variable_update="replicated")
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
+            session.run(train.train_op)
+            prefix = saver.save(session, str(tmp_path / "model"))
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
+            saver.restore(session, prefix)
+            tower_0, tower_1 = session.run(train.variable_copies["conv1/weights"])
+            assert not np.array_equal(tower_0, tower_1)  # apart, as the review found
+            session.run(train.sync_copies_op)
+            for name, copies in train.variable_copies.items():
+                values = session.run(copies)
+                for value in values[1:]:
+                    np.testing.assert_array_equal(value, values[0], err_msg=name)
+
+
+def test_built_inside_a_variable_scope_only_tower_0_is_saved_and_slots_are_copies():
+    batch = helpers.image_batch(8, seed=14)
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("model"):
+            inputs = tuple(tf.constant(x) for x in batch)
+            train = towerlib.build_train_graph(
+                helpers.conv_dense_model, inputs, _optimizer("adam"),
+                devices=helpers.cpu_devices(2), variable_update="replicated")
+        saved = [v.op.name for v in tf.compat.v1.global_variables()]
+        assert not [name for name in saved if "replicated/tower_" in name], saved
+        slots = [name for name in train.variable_copies if name.endswith(("Adam", "Adam_1"))]
+        assert len(slots) == 12 and all(len(train.variable_copies[s]) == 2 for s in slots)
+
+
+def test_tutorial_weight_decay_in_every_tower_works_with_copies():
+    """Each tower's 'losses' weight decay reads its own copy: the same term."""
+    def model(inputs, ctx):
+        images, labels = inputs
+        with tf.compat.v1.variable_scope("fc"):
+            weights = tf.compat.v1.get_variable(
+                "weights", [72, 3], initializer=tf.compat.v1.constant_initializer(0.1))
+        logits = tf.matmul(tf.reshape(images, [-1, 72]), weights)
+        tf.compat.v1.add_to_collection("losses", 0.01 * tf.nn.l2_loss(weights))
+        tf.compat.v1.add_to_collection("losses", tf.reduce_mean(
+            tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)))
+        return tf.add_n(tf.compat.v1.get_collection("losses", ctx.name_scope))
+
+    batch = helpers.image_batch(8, seed=15)
+    results = {}
+    for variable_update in ("parameter_server", "replicated"):
+        with tf.Graph().as_default():
+            inputs = tuple(tf.constant(x) for x in batch)
+            train = towerlib.build_train_graph(
+                model, inputs, _optimizer("sgd"), devices=helpers.cpu_devices(2),
+                variable_update=variable_update)
+            with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                session.run(tf.compat.v1.local_variables_initializer())
+                results[variable_update] = session.run(
+                    [train.loss, train.regularization_loss])
+    np.testing.assert_allclose(results["replicated"], results["parameter_server"], rtol=1e-6)
+    assert results["replicated"][1] > 0

@@ -27,6 +27,7 @@ return.
 """
 
 import contextlib
+import dataclasses
 import numbers
 
 import tensorflow as tf
@@ -143,7 +144,8 @@ def per_tower(towers, shares, num_towers):
     Without accumulation they come back as they are. With it, tower i's loss
     is the mean over all its examples (sum_j n_ji loss_ji / sum_j n_ji), its
     share sum_j n_ji / B, each of its outputs a list with one value per
-    micro-batch, and its context micro-batch 0's.
+    micro-batch, and its context micro-batch 0's with the tower's whole
+    batch size (sum_j n_ji: examples/sec counts every micro-batch).
     """
     if len(towers) == num_towers:
         return ([t.loss for t in towers], list(shares), [t.outputs for t in towers],
@@ -155,5 +157,14 @@ def per_tower(towers, shares, num_towers):
         losses.append(tf.add_n([s * t.loss for s, t in zip(own_shares, own)]) / share)
         tower_shares.append(share)
         outputs.append({key: [t.outputs[key] for t in own] for key in own[0].outputs})
-        contexts.append(own[0].context)
+        contexts.append(dataclasses.replace(own[0].context, batch_size=_total(
+            [t.context.batch_size for t in own])))
     return losses, tower_shares, outputs, contexts
+
+
+def _total(batch_sizes):
+    """The sum of int32 scalars: a constant when every one is known statically."""
+    known = [tf.get_static_value(size) for size in batch_sizes]
+    if all(value is not None for value in known):
+        return tf.constant(int(sum(known)), tf.int32)
+    return tf.add_n(batch_sizes)

@@ -11,7 +11,8 @@ of one dtype are concatenated into buffers of at most `pack_bytes` bytes,
 each buffer summed by one exchange and split after. A gradient larger than
 the limit goes alone; `pack_bytes=0` sends every gradient alone. For example
 with pack_bytes=1024, float32 gradients of 100, 100 and 300 elements (400,
-400 and 1200 bytes) make two exchanges: [100 + 100] and [300].
+400 and 1200 bytes) make two exchanges, the last gradients first (backprop
+computes them first): [300], then [100 + 100].
 
 Sparse gradients (IndexedSlices, from embedding lookups) stay sparse: the
 towers' slices are all-gathered and concatenated in tower order, which is
@@ -56,9 +57,17 @@ def pack_groups(tensors, pack_bytes: int) -> List[List[int]]:
 
 
 def _sum_dense(reducer, gradients, tower_index, pack_bytes):
-    """The towers' sums of `gradients` (dense tensors), in their order."""
+    """The towers' sums of `gradients` (dense tensors), in their order.
+
+    Buffers are formed and exchanged from the last gradient to the first:
+    backprop computes the last layers' gradients first, so the first
+    exchanges can start while it goes on (and NCCL launches them in this
+    creation order on every GPU).
+    """
     summed = [None] * len(gradients)
-    for group in pack_groups(gradients, pack_bytes):
+    last_first = list(reversed(range(len(gradients))))
+    for reversed_group in pack_groups([gradients[i] for i in last_first], pack_bytes):
+        group = [last_first[i] for i in reversed_group]
         name = f"gradients_{group[0]}" + (f"_to_{group[-1]}" if len(group) > 1 else "")
         results = reducer.sum([gradients[i] for i in group], tower_index=tower_index,
                               name=name, differentiable=False)
@@ -112,7 +121,9 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None):
     sparse_positions = [i for i, g in enumerate(first) if isinstance(g, tf.IndexedSlices)]
     reduced = []
     for tower_index, gradients in enumerate(tower_gradients):
-        with tf.name_scope(f"allreduce_tower_{tower_index}"):
+        # Casts, pads and masks on the tower's device: none goes to a default GPU.
+        with tf.name_scope(f"allreduce_tower_{tower_index}"), \
+                tf.device(reducer.devices[tower_index]):
             result = list(gradients)
             dense = [tf.convert_to_tensor(gradients[i]) for i in dense_positions]
             sent = dense if wire_dtype is None else [tf.cast(g, wire_dtype) for g in dense]

@@ -24,11 +24,13 @@ def chosen_update_ops(towers, records, bn_mode):
     """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
 
     The user's own update ops cannot be pooled, so 'first_tower' runs tower
-    0's and the other modes run every tower's.
+    0's and the other modes run every tower's; with gradient accumulation,
+    those of the step's first micro-batch only (one update per step).
     """
     updates = normalization.moving_average_updates(records, bn_mode)
     for tower in towers:
-        if bn_mode != "first_tower" or tower.context.is_first:
+        if tower.context.micro_batch == 0 and (
+                bn_mode != "first_tower" or tower.context.is_first):
             updates.extend(tower.update_ops)
     return updates
 

@@ -54,8 +54,13 @@ class EvalGraph:
     devices: List[str]
 
 
-def _per_example(outputs, tower_index):
-    """The metric_fn's dict, each value checked to be a [n] vector of numbers."""
+def _per_example(outputs, tower_index, batch_size):
+    """The metric_fn's dict, each value checked to be a [n] vector of numbers.
+
+    With n known statically (`batch_size`, a scalar tensor, constant when the
+    split is static) a length other than the tower's example count is refused:
+    the totals count examples from the first metric's length.
+    """
     if not isinstance(outputs, dict) or not outputs:
         raise TypeError(
             f"metric_fn must return a non-empty dict of per-example tensors, tower "
@@ -70,6 +75,12 @@ def _per_example(outputs, tower_index):
         if not (tensor.dtype.is_integer or tensor.dtype.is_floating or tensor.dtype.is_bool):
             raise TypeError(f"metric_fn's {name!r} has dtype {tensor.dtype.name}; "
                             "give numbers or booleans.")
+        examples = tf.get_static_value(batch_size)
+        if examples is not None and tensor.shape[0] not in (None, int(examples)):
+            raise ValueError(
+                f"metric_fn's {name!r} has {tensor.shape[0]} values but tower "
+                f"{tower_index} has {int(examples)} examples: give one value per "
+                "example.")
     return outputs
 
 
@@ -98,7 +109,8 @@ def build_eval_graph(metric_fn, inputs, *, num_towers=None, devices=None,
         metric_fn, inputs, num_towers=num_towers, devices=devices,
         device_type=device_type, is_training=False, bn_mode=bn_mode,
         reuse_variables=reuse_variables, require_loss=False, check_isolation=False)
-    tower_metrics = [_per_example(t.outputs, t.context.index) for t in towers]
+    tower_metrics = [_per_example(t.outputs, t.context.index, t.context.batch_size)
+                     for t in towers]
     names = sorted(tower_metrics[0])
     for index, metrics in enumerate(tower_metrics):
         if sorted(metrics) != names:

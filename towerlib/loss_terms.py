@@ -40,6 +40,7 @@ from typing import Iterable, List, Sequence, Tuple
 import tensorflow as tf
 
 from towerlib import graph_walk
+from towerlib import variable_copies
 
 _SUM_OP_TYPES = frozenset({"Add", "AddV2", "AddN"})
 
@@ -77,7 +78,8 @@ def _variables_read(tensor: tf.Tensor) -> Tuple[str, ...]:
             names.add(op.name)
         elif graph_walk.is_variable_read(op):  # the walk stops at the read
             names.add(op.inputs[0].op.name)
-    return tuple(sorted(names))
+    # A replicated tower reads its own copy of tower 0's variable: the same one.
+    return tuple(sorted(variable_copies.plain_name(name) for name in names))
 
 
 @dataclasses.dataclass

@@ -60,6 +60,9 @@ class TrainGraph:
       variable_copies: with 'replicated', {tower 0's variable name: every
         tower's copy, in tower order} for the weights, moving statistics and
         optimizer slots; {} otherwise.
+      sync_copies_op: with 'replicated', an op copying tower 0's values into
+        the other towers' copies: run it after restoring tower 0's variables
+        in a plain Session (run_training needs none); else None.
       loss_scale: the towerlib.loss_scaling.LossScale of a float16 build
         (run_training adds its floor hook), else None.
     """
@@ -81,6 +84,7 @@ class TrainGraph:
     numerics_guards: Tuple[Any, ...] = ()
     variable_update: str = "parameter_server"
     variable_copies: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
+    sync_copies_op: Any = None
     loss_scale: Any = None
 
 
@@ -257,9 +261,11 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
     check_ema_decay(ema_decay)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
     compute_dtype = mixed_precision.check_compute_dtype(compute_dtype)
-    if allreduce_in_compute_dtype and variable_update != "replicated":
+    if allreduce_in_compute_dtype and (variable_update != "replicated"
+                                       or compute_dtype == tf.float32):
         raise ValueError("allreduce_in_compute_dtype=True concerns the all-reduce of "
-                         "variable_update='replicated'; set that too, or drop it.")
+                         "variable_update='replicated' in a half compute_dtype; set "
+                         "both, or drop it.")
     cross_tower = _make_cross_tower_reducer(
         bn_mode, variable_update, devices, sync_timeout_seconds, sync_transport)
     update = variable_update_lib.make_variable_update(
@@ -318,8 +324,11 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         built_shared_terms, tower_terms = _split_regularization(new_regularization, built)
         # The TF 1 tutorial's tower loss, add_n of its scoped 'losses' collection,
         # holds the weight decay: keep it out of `loss` and count it once.
+        if micro_batch == 0:  # weights' terms are created once, with the weights
+            first_regularization = new_regularization
         built, collection_terms = loss_terms.separate_regularization(
-            built, new_regularization)
+            built, (first_regularization + new_regularization) if micro_batch
+            else new_regularization)
         if micro_batch == 0:  # weights' terms exist once, from the first build
             shared_terms = built_shared_terms + collection_terms
 
@@ -386,7 +395,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         devices=devices, contexts=contexts, scalars=scalars,
         numerics_guards=tuple(guards.guards_in(optimizer)),
         variable_update=update.name, variable_copies=update.copies,
-        loss_scale=loss_scale)
+        sync_copies_op=update.sync_op(), loss_scale=loss_scale)
 
 
 def ema_restore_map(ema_decay, var_list=None):

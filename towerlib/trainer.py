@@ -217,8 +217,10 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
             train_graph.tower_losses, step_after, train_graph.devices))
     if train_graph.loss_scale is not None:
         # float16: a run whose loss scale is at its floor and still overflows stops.
+        # Three in a row: a fixed scale's next batch may well fit.
         all_hooks.append(hooks_lib.LossScaleFloorHook(
-            train_graph.loss_scale, global_step=train_graph.global_step))
+            train_graph.loss_scale, overflows_in_a_row=3,
+            global_step=train_graph.global_step))
     all_hooks.extend(hooks)
     signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
     if signal_hook is not None:

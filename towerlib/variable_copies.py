@@ -18,8 +18,11 @@ Keeping the copies equal. Every copy's initializer reads tower 0's variable
 copies are local variables: MonitoredSession (and run_training) initializes
 local variables after restoring or initializing the global ones, so after
 every start or restore the copies hold tower 0's values. In a plain Session,
-run ``tf.compat.v1.local_variables_initializer()`` after initializing or
-restoring the global variables. Each step, every copy receives the same
+run ``tf.compat.v1.local_variables_initializer()`` after initializing the
+global variables (not in the same session.run: the slots' copies read tower
+0's slots), and ``TrainGraph.sync_copies_op`` after any restore (a Saver
+restores tower 0's copies only; the others would train on from their old
+values). Each step, every copy receives the same
 all-reduced gradient and applies the same update with its own slots, so the
 copies stay bit-identical (tests check it).
 """
@@ -30,15 +33,22 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-__all__ = ["COPY_PREFIX", "VariableCopies", "copy_name"]
+__all__ = ["COPY_PREFIX", "VariableCopies", "copy_name", "plain_name"]
 
 COPY_PREFIX = "replicated"
-_COPY_NAME = re.compile(rf"^{COPY_PREFIX}/tower_(\d+)/(.+)$")
+# Anywhere in a name: a slot created under an enclosing variable scope 'model'
+# is 'model/replicated/tower_1/model/conv1/weights/Momentum'.
+_COPY_PART = re.compile(rf"(^|/){COPY_PREFIX}/tower_\d+/")
 
 
 def copy_name(name: str, tower_index: int) -> str:
     """The variable name of tower `tower_index`'s copy of variable `name`."""
     return name if tower_index == 0 else f"{COPY_PREFIX}/tower_{tower_index}/{name}"
+
+
+def plain_name(name: str) -> str:
+    """`name` with any tower-copy part removed: the name tower 0's copy has."""
+    return _COPY_PART.sub(r"\1", name)
 
 
 def _read_of(original):
@@ -101,24 +111,58 @@ class VariableCopies:
     def slot_getter(self, getter, name, *args, **kwargs):
         """Custom getter for the optimizer's slots of the copies.
 
-        A slot of tower i's copy ('replicated/tower_i/w/Momentum') becomes a
-        local variable initialized from tower 0's slot ('w/Momentum'), which
-        the optimizer creates first because tower 0's variables come first in
-        the apply. Other variables pass through unchanged.
+        The optimizer asks for a slot as '<its variable's name>/<slot>/'
+        (under the enclosing variable scope). For a copy's slot (tower i's
+        'replicated/tower_i/w/Momentum'), the slot is made a local variable
+        initialized from tower 0's ('w/Momentum'), found by the same name
+        with the copy's name replaced by tower 0's; the optimizer creates it
+        first because tower 0's variables come first in the apply. Other
+        variables pass through unchanged.
         """
-        # Slots are asked for as '<variable>/<slot name>/' (an empty name in
-        # the slot's own scope).
-        match = _COPY_NAME.match(name.rstrip("/"))
-        if match is None:
+        requested = name.rstrip("/")
+        primary = self._copy_in(requested)
+        if primary is None:
             variable = getter(name, *args, **kwargs)
-            if variable.op.name.rsplit("/", 1)[0] in self._copies:  # tower 0's slot
+            if self._is_slot_of_tower_0(variable.op.name):
                 self._add(variable.op.name, 0, variable)
             return variable
-        tower_index, plain = int(match.group(1)), match.group(2)
-        original = self._global_by_name(plain)
-        copy = self._new_copy(getter, plain, tower_index, original, trainable_hint=False)
-        self._add(plain, tower_index, copy)
-        return copy
+        tower_index, copy, original_primary = primary
+        original_name = requested.replace(copy.op.name, original_primary.op.name, 1)
+        original = self._global_by_name(original_name)
+        # The requested name as it is: its trailing '/' reuses the slot's name scope.
+        slot = getter(name, shape=original.shape, dtype=original.dtype.base_dtype,
+                      initializer=_read_of(original), trainable=False,
+                      collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+                      reuse=tf.compat.v1.AUTO_REUSE)
+        self._add(original.op.name, tower_index, slot)
+        return slot
+
+    def _copy_in(self, slot_name):
+        """(tower, copy, tower 0's variable) of the copy whose slot `slot_name` is."""
+        best = None
+        for copies in self._copies.values():
+            for tower_index, copy in enumerate(copies[1:], start=1):
+                if (f"{copy.op.name}/" in f"{slot_name}/"
+                        and (best is None or len(copy.op.name) > len(best[1].op.name))):
+                    best = (tower_index, copy, copies[0])
+        return best
+
+    def _is_slot_of_tower_0(self, name):
+        return any(f"{copies[0].op.name}/" in name for copies in self._copies.values())
+
+    def sync_op(self):
+        """One op assigning tower 0's value to every other copy (weights, slots...).
+
+        For a plain Session that restored tower 0's variables after
+        initializing the local ones (run_training and MonitoredSession need
+        none: they initialize the copies after restoring).
+        """
+        assigns = []
+        for copies in self._copies.values():
+            for copy in copies[1:]:
+                with tf.device(copy.device):
+                    assigns.append(copy.assign(copies[0].read_value()))
+        return tf.group(*assigns, name="copy_tower_0_to_every_tower")
 
     def copies_of(self, name: str) -> List[tf.Variable]:
         """Every tower's copy of the variable `name` (tower 0's name), in tower order."""

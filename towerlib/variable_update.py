@@ -68,6 +68,9 @@ class ParameterServerUpdate:
         """One apply op on the shared variables."""
         return optimizer.apply_gradients(pairs, global_step=global_step)
 
+    def sync_op(self):
+        return None  # one copy: nothing to keep in step
+
     @property
     def copies(self):
         return {}
@@ -167,6 +170,10 @@ class ReplicatedUpdate:
         with tf.compat.v1.variable_scope(scope, custom_getter=self._copies.slot_getter,
                                          auxiliary_name_scope=False):
             return optimizer.apply_gradients(pairs, global_step=global_step)
+
+    def sync_op(self):
+        """Copies tower 0's values into every other tower's copies (after apply)."""
+        return self._copies.sync_op()
 
     @property
     def copies(self):
