@@ -190,3 +190,10 @@ def test_all_reduce_dtype_needs_replicated():
     with tf.Graph().as_default():
         with pytest.raises(ValueError, match="replicated"):
             _build("bfloat16", allreduce_in_compute_dtype=True)
+
+
+@pytest.mark.parametrize("alias", ["half", "float", np.float16])
+def test_compute_dtype_takes_the_names_not_aliases(alias):
+    with pytest.raises(ValueError, match="compute_dtype must be one of"):
+        towerlib.mixed_precision.check_compute_dtype(alias)
+    assert towerlib.mixed_precision.check_compute_dtype(tf.float16) == tf.float16

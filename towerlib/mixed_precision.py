@@ -85,10 +85,11 @@ def check_compute_dtype(name):
       ValueError: anything else (float64, an integer type, a typo), naming
         the choices and which one to take.
     """
-    try:
+    # Strings must be the names themselves: tf.as_dtype also takes aliases
+    # ('half', 'float'), which a config file would then record under another name.
+    dtype = None
+    if isinstance(name, tf.DType) or (isinstance(name, str) and name in COMPUTE_DTYPES):
         dtype = tf.as_dtype(name)
-    except (TypeError, ValueError):
-        dtype = None
     if dtype is None or dtype.name not in COMPUTE_DTYPES:
         raise ValueError(
             f"compute_dtype must be one of {COMPUTE_DTYPES}, got {name!r}. Fix: "
