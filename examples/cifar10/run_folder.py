@@ -33,7 +33,9 @@ from examples.cifar10 import data_source
 logger = logging.getLogger("cifar10")
 
 # The settings that make two runs the same computation. The step to stop at, logging,
-# summaries and checkpoint intervals may change between the lives of one run.
+# summaries and checkpoint intervals may change between the lives of one run, and so may
+# where variables live and how gradients travel (--variable_update, --param_device,
+# --sync_transport, --gradient_pack_bytes): checkpoints hold the same names either way.
 SAME_RUN_SETTINGS = (
     "data_dir",
     "model",
@@ -41,7 +43,6 @@ SAME_RUN_SETTINGS = (
     "global_batch_size",
     "bn_mode",
     "bn_momentum",
-    "variable_update",
     "compute_dtype",
     "loss_scale",
     "accumulation_steps",
