@@ -166,12 +166,15 @@ def test_checkpoint_holds_the_parameter_server_names_and_no_copies(replicated_ru
     checkpoint = tf.train.latest_checkpoint(config.train_dir)
     names = {name for name, _ in tf.train.list_variables(checkpoint)}
     assert not [n for n in names if n.startswith(variable_copies.COPY_PREFIX + "/")]
-    # Exactly the variables the same run builds with parameter_server.
+    # Exactly what the same run saves with parameter_server: its variables and
+    # its other saveable state (the input pipeline's position).
     saved = config_lib.load(config.train_dir)
     as_parameter_server = dataclasses.replace(saved, variable_update="parameter_server")
     with tf.Graph().as_default():
         train.build_training(train.make_plan(as_parameter_server))
         expected = {v.op.name for v in tf.compat.v1.global_variables()}
+        expected |= {spec.name for saveable in tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS) for spec in saveable.specs}
     assert names == expected
 
 
