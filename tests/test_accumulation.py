@@ -255,3 +255,31 @@ def test_the_tower_functions_own_update_ops_run_once_per_step(bn_mode):
             counter = [v for v in tf.compat.v1.global_variables()
                        if v.op.name == "steps_seen"][0]
             assert session.run(counter) == 1
+
+
+def test_all_towers_moving_statistics_are_numpys_pooled_update():
+    """Batch norm on the images themselves: after one step the moving statistics
+    are one update from the mean and variance of all 11 images, over 2
+    micro-batches on 2 towers (shards 3, 3, 3, 2)."""
+    def model(inputs, ctx):
+        images, labels = inputs
+        h = towerlib.batch_norm(images, ctx, name="bn_input", momentum=0.9)
+        logits = layers.dense(layers.flatten(h), helpers.NUM_CLASSES, name="logits")
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+
+    images, labels = helpers.image_batch(11, seed=10, offset=3.0, scale=2.0)
+    with tf.Graph().as_default():
+        train = helpers.build_on_image_batch(
+            2, tower_fn=model, inputs=(tf.constant(images), tf.constant(labels)),
+            bn_mode="all_towers", accumulation_steps=2)
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(train.train_op)
+            moving = {v.op.name: session.run(v) for v in tf.compat.v1.global_variables()
+                      if v.op.name.startswith("bn_input/moving")}
+    pixels = images.astype(np.float64).reshape(-1, images.shape[-1])
+    np.testing.assert_allclose(moving["bn_input/moving_mean"], 0.1 * pixels.mean(axis=0),
+                               rtol=1e-5)
+    np.testing.assert_allclose(moving["bn_input/moving_variance"],
+                               0.9 + 0.1 * pixels.var(axis=0), rtol=1e-5)
