@@ -41,6 +41,7 @@ flags.DEFINE_integer("steps", 3, "Steps of the real batch per memory measurement
 flags.DEFINE_integer("global_batch", 512, "Examples per step for the memory part.")
 flags.DEFINE_integer("accumulation_steps", 4, "k compared with one batch.")
 flags.DEFINE_integer("speed_repetitions", 9, "Interleaved repetitions of the speed part.")
+flags.DEFINE_integer("speed_batch", 128, "Global batch of the speed part (2 towers).")
 flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.")
 flags.DEFINE_string("measure_memory", "", "Internal: run one memory measurement "
                     "with this accumulation_steps and print JSON.")
@@ -105,7 +106,8 @@ def _speed_ratio():
     runs = {}
     for dtype in ("float32", "bfloat16"):
         with tf.Graph().as_default():
-            train, session, _ = _graph(128, 1, num_towers=2, compute_dtype=dtype)
+            train, session, _ = _graph(FLAGS.speed_batch, 1, num_towers=2,
+                                       compute_dtype=dtype)
         for _ in range(3):
             session.run(train.train_op)
         runs[dtype] = (train, session)
@@ -153,7 +155,8 @@ def main(argv):
     q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
     f32 = statistics.median(s["float32"] for _, s in ratios)
     bf16 = statistics.median(s["bfloat16"] for _, s in ratios)
-    print(f"bfloat16 / float32 step time (batch 128, 2 towers): {median:.2f}x "
+    print(f"bfloat16 / float32 step time (batch {FLAGS.speed_batch}, 2 towers): "
+          f"{median:.2f}x "
           f"(middle half {q1:.2f}-{q3:.2f}); medians {bf16:.3f} s vs {f32:.3f} s")
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
