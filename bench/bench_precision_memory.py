@@ -40,7 +40,8 @@ flags.DEFINE_integer("repetitions", 3, "Fresh-process memory measurements per se
 flags.DEFINE_integer("steps", 3, "Steps of the real batch per memory measurement.")
 flags.DEFINE_integer("global_batch", 512, "Examples per step for the memory part.")
 flags.DEFINE_integer("accumulation_steps", 4, "k compared with one batch.")
-flags.DEFINE_integer("speed_repetitions", 9, "Interleaved repetitions of the speed part.")
+flags.DEFINE_integer("speed_repetitions", 9,
+                     "Interleaved repetitions of the speed part (0: memory only).")
 flags.DEFINE_integer("speed_batch", 128, "Global batch of the speed part (2 towers).")
 flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.")
 flags.DEFINE_string("measure_memory", "", "Internal: run one memory measurement "
@@ -150,6 +151,8 @@ def main(argv):
         print(f"| {label} | {peak_mb[steps]:.0f} | {step_mb[steps]:.0f} |")
     print(f"step memory, k = {k} / one batch: {step_mb[k] / step_mb[1]:.2f}x "
           f"(target <= 0.40x); peak RSS: {peak_mb[k] / peak_mb[1]:.2f}x")
+    if FLAGS.speed_repetitions < 1:
+        return
     ratios = _speed_ratio()
     values = [r for r, _ in ratios]
     q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")

@@ -67,8 +67,7 @@ SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("num_towers,accumulation_steps", [
-    (2, 2), pytest.param(1, 2, marks=SLOW), pytest.param(3, 2, marks=SLOW),
-    pytest.param(2, 4, marks=SLOW), pytest.param(4, 1, marks=SLOW), (1, 4)])
+    (2, 2), pytest.param(3, 2, marks=SLOW), pytest.param(2, 4, marks=SLOW), (1, 4)])
 def test_dense_model_equals_one_device_on_the_whole_batch(num_towers, accumulation_steps):
     batch = helpers.image_batch(17)  # uneven everywhere
     accumulated, train, step = run(helpers.conv_dense_model, batch, "momentum", num_towers,
@@ -82,7 +81,7 @@ def test_dense_model_equals_one_device_on_the_whole_batch(num_towers, accumulati
     assert len(train.tower_losses) == len(train.tower_shares) == num_towers
 
 
-@pytest.mark.parametrize("optimizer_kind", [pytest.param("sgd", marks=SLOW), "adam"])
+@pytest.mark.parametrize("optimizer_kind", ["adam"])
 def test_other_optimizers_match_no_accumulation(optimizer_kind):
     batch = helpers.image_batch(12, seed=1)
     accumulated, _, _ = run(helpers.conv_dense_model, batch, optimizer_kind, 2, 3)

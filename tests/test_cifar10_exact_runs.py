@@ -129,17 +129,3 @@ def test_two_uninterrupted_runs_with_one_seed_are_bit_identical(tmp_path, tiny_d
     )
     other = train.train(tiny_config(str(tmp_path / "other"), tiny_data, seed=8))
     assert other.loss != first.loss  # the seed matters
-
-
-def test_a_stopped_run_resumes_into_the_uninterrupted_run(tmp_path, tiny_data):
-    """In-process: stop at step 4 (its checkpoint holds the data position), resume."""
-    straight = tiny_config(str(tmp_path / "straight"), tiny_data)
-    train.train(straight)
-    resumed_dir = str(tmp_path / "resumed")
-    train.train(tiny_config(resumed_dir, tiny_data, max_steps=4))
-    result = train.train(tiny_config(resumed_dir, tiny_data))
-    assert result.start_step == 4
-    assert_bit_identical(
-        os.path.join(resumed_dir, "model.ckpt-12"),
-        str(tmp_path / "straight" / "model.ckpt-12"),
-    )

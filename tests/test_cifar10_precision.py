@@ -99,11 +99,6 @@ def test_a_run_saved_before_the_flags_existed_loads_with_the_defaults(tmp_path):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--compute_dtype=half"], "error: --compute_dtype='half'"),
-        (
-            ["--compute_dtype=bfloat16", "--loss_scale=dynamic"],
-            "error: --loss_scale=dynamic with --compute_dtype=bfloat16",
-        ),
         (
             ["--num_towers=2", "--device_type=cpu", "--global_batch_size=6",
              "--accumulation_steps=4"],

@@ -207,8 +207,6 @@ _ONE_MACHINE = "replicated is for the towers of one machine"
             "error: --variable_update=replicated with --param_device=cpu",
         ),
         (["--variable_update=allreduce"], "error: --variable_update='allreduce'"),
-        (["--gradient_pack_bytes=-5"], "error: --gradient_pack_bytes=-5"),
-        (["--variable_update=replicated", "--job_name=worker"] + _CLUSTER, _ONE_MACHINE),
         (["--variable_update=replicated", "--job_name=ps"] + _CLUSTER, _ONE_MACHINE),
     ],
 )

@@ -67,6 +67,7 @@ def _config_bytes(train_dir):
         return f.read()
 
 
+@pytest.mark.slow  # trains the example
 def test_another_data_set_is_refused_not_answered_with_the_old_model(run_copy, data_sets):
     before = _config_bytes(run_copy)
     with pytest.raises(
@@ -78,6 +79,7 @@ def test_another_data_set_is_refused_not_answered_with_the_old_model(run_copy, d
     assert _config_bytes(run_copy) == before
 
 
+@pytest.mark.slow  # trains the example
 def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data_sets):
     train_dir = tmp_path / "sgd"
     train.train(tiny_config(train_dir, data_sets[0], optimizer="sgd", max_steps=4))
@@ -89,6 +91,7 @@ def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data
     assert _config_bytes(train_dir) == before
 
 
+@pytest.mark.slow  # trains the example
 def test_overwrite_train_dir_starts_over(run_copy, data_sets):
     result = train.train(
         tiny_config(run_copy, data_sets[1], max_steps=4), overwrite_train_dir=True
@@ -98,6 +101,7 @@ def test_overwrite_train_dir_starts_over(run_copy, data_sets):
     assert not os.path.exists(os.path.join(run_copy, "model.ckpt-8.index"))
 
 
+@pytest.mark.slow  # trains the example
 def test_without_a_config_file_a_wrong_model_is_refused_before_writing(run_copy, data_sets):
     os.remove(os.path.join(run_copy, config_lib.CONFIG_FILE))
     with pytest.raises(config_lib.ConfigError, match=r"is of another model or optimizer"):
@@ -108,6 +112,7 @@ def test_without_a_config_file_a_wrong_model_is_refused_before_writing(run_copy,
     assert (result.start_step, result.global_step) == (8, 12)
 
 
+@pytest.mark.slow  # trains the example
 def test_a_torn_newest_index_is_skipped_by_train_eval_and_export(run_copy, data_sets, caplog):
     with open(os.path.join(run_copy, "model.ckpt-8.index"), "r+b") as f:
         f.truncate(500)
@@ -123,6 +128,7 @@ def test_a_torn_newest_index_is_skipped_by_train_eval_and_export(run_copy, data_
     )
 
 
+@pytest.mark.slow  # trains the example
 def test_a_full_disk_names_the_folder_and_the_last_complete_checkpoint(
     run_copy, data_sets, monkeypatch
 ):
