@@ -44,21 +44,17 @@ def test_sync_replicas_graph_keeps_the_guard_inside_its_wrapper():
         assert sync_graph.train_graph.numerics_guards == (guard,)
 
 
-def test_sync_replicas_refuse_replicated_variables():
+@pytest.mark.parametrize("option,match", [
+    (dict(variable_update="replicated"), "one machine"),
+    (dict(compute_dtype="float16"), "'float16' with SyncReplicasOptimizer"),
+])
+def test_sync_replicas_refuse_options_for_one_machine(option, match):
+    """Replicated copies, and float16's skipped steps (a replica that skips sends
+    nothing and the others would wait), have no place across machines."""
     cluster = cluster_lib.cluster_from_flags(
         ps_hosts="localhost:1", worker_hosts="localhost:2", job_name="worker", task_index=0)
     with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="one machine"):
+        with pytest.raises(ValueError, match=match):
             cluster_lib.build_sync_train_graph(
                 _tower, _batch(), tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
-                num_towers=2, device_type="cpu", variable_update="replicated")
-
-
-def test_sync_replicas_refuse_float16():
-    cluster = cluster_lib.cluster_from_flags(
-        ps_hosts="localhost:1", worker_hosts="localhost:2", job_name="worker", task_index=0)
-    with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="'float16' with SyncReplicasOptimizer"):
-            cluster_lib.build_sync_train_graph(
-                _tower, _batch(), tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
-                num_towers=2, device_type="cpu", compute_dtype="float16")
+                num_towers=2, device_type="cpu", **option)
