@@ -25,7 +25,6 @@ Not a test: numbers depend on the machine and on whatever else it runs.
 import os
 import statistics
 import sys
-import time
 
 from absl import app, flags
 
@@ -36,6 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
+from bench.stepped import SteppedGraph  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -55,7 +55,7 @@ flags.DEFINE_enum("param_device", "cpu", ["cpu", "gpu"], "Where variables live."
 flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.")
 
 
-class ModeRun:
+class ModeRun(SteppedGraph):
     """One bn_mode's training graph and Session, ready to be stepped."""
 
     def __init__(self, num_towers, mode):
@@ -79,19 +79,7 @@ class ModeRun:
             self.train_op = train.train_op
             self.session = tf.compat.v1.Session(config=towerlib.session_config(num_towers))
             self.session.run(tf.compat.v1.global_variables_initializer())
-            self.collectives = sum(
-                op.type.startswith("Collective") for op in self.graph.get_operations()
-            )
-
-    def seconds_per_step(self, steps):
-        """(wall seconds, process CPU seconds) per step, averaged over `steps`."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            self.session.run(self.train_op)
-        return ((time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps)
-
-    def close(self):
-        self.session.close()
+            self.collectives = self.count_collectives()
 
 
 def measure(num_towers):

@@ -48,6 +48,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
+from bench.stepped import SteppedGraph  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
 from towerlib.variable_update import DEFAULT_GRADIENT_PACK_BYTES  # noqa: E402
 
@@ -77,7 +78,7 @@ flags.DEFINE_integer("steps_per_repetition", 3, "Steps timed per repetition.")
 flags.DEFINE_string("model", "resnet20", "A model of examples/cifar10/models.py.")
 
 
-class VariantRun:
+class VariantRun(SteppedGraph):
     """One variant's training graph and Session, ready to be stepped."""
 
     def __init__(self, num_towers, variant):
@@ -102,18 +103,7 @@ class VariantRun:
             self.session.run(tf.compat.v1.global_variables_initializer())
             # The other towers' copies are local variables that read tower 0's.
             self.session.run(tf.compat.v1.local_variables_initializer())
-            self.collectives = sum(
-                op.type.startswith("Collective") for op in self.graph.get_operations())
-
-    def seconds_per_step(self, steps):
-        """(wall seconds, process CPU seconds) per step, averaged over `steps`."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            self.session.run(self.train_op)
-        return ((time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps)
-
-    def close(self):
-        self.session.close()
+            self.collectives = self.count_collectives()
 
 
 def variants_at(num_towers):
