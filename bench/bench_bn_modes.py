@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from bench.stepped import SteppedGraph  # noqa: E402
+from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -85,18 +85,9 @@ class ModeRun(SteppedGraph):
 def measure(num_towers):
     """Median seconds per step of each mode at `num_towers`."""
     runs = [ModeRun(num_towers, mode) for mode in FLAGS.modes]
-    try:
-        for run in runs:
-            run.seconds_per_step(FLAGS.warmup_steps)
-        samples = {run.mode: [] for run in runs}
-        for repetition in range(FLAGS.repetitions):
-            shift = repetition % len(runs)
-            for run in runs[shift:] + runs[:shift]:
-                samples[run.mode].append(run.seconds_per_step(FLAGS.steps_per_repetition))
-        collectives = {run.mode: run.collectives for run in runs}
-    finally:
-        for run in runs:
-            run.close()
+    collectives = {run.mode: run.collectives for run in runs}
+    samples = interleaved_samples(runs, lambda run: run.mode, FLAGS.warmup_steps,
+                                  FLAGS.repetitions, FLAGS.steps_per_repetition)
     wall = {m: statistics.median(t[0] for t in times) for m, times in samples.items()}
     cpu = {m: statistics.median(t[1] for t in times) for m, times in samples.items()}
     baseline = samples[FLAGS.modes[0]]

@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from bench.stepped import SteppedGraph  # noqa: E402
+from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
 from towerlib.variable_update import DEFAULT_GRADIENT_PACK_BYTES  # noqa: E402
 
@@ -117,18 +117,9 @@ def variants_at(num_towers):
 def measure(num_towers):
     """{variant: [(wall, cpu) seconds per step, one per repetition]}, and build info."""
     runs = [VariantRun(num_towers, variant) for variant in variants_at(num_towers)]
-    try:
-        for run in runs:
-            run.seconds_per_step(FLAGS.warmup_steps)
-        samples = {run.variant: [] for run in runs}
-        for repetition in range(FLAGS.repetitions):
-            shift = repetition % len(runs)
-            for run in runs[shift:] + runs[:shift]:
-                samples[run.variant].append(run.seconds_per_step(FLAGS.steps_per_repetition))
-        collectives = {run.variant: run.collectives for run in runs}
-    finally:
-        for run in runs:
-            run.close()
+    collectives = {run.variant: run.collectives for run in runs}
+    samples = interleaved_samples(runs, lambda run: run.variant, FLAGS.warmup_steps,
+                                  FLAGS.repetitions, FLAGS.steps_per_repetition)
     return samples, collectives
 
 

@@ -28,3 +28,23 @@ class SteppedGraph:
 
     def close(self):
         self.session.close()
+
+
+def interleaved_samples(runs, key, warmup_steps, repetitions, steps_per_repetition):
+    """{key(run): [(wall, cpu) seconds per step, one per repetition]}, then closes the runs.
+
+    Every repetition times each run once, in an order rotated by one each
+    repetition, so that load from other processes spreads over the runs.
+    """
+    try:
+        for run in runs:
+            run.seconds_per_step(warmup_steps)
+        samples = {key(run): [] for run in runs}
+        for repetition in range(repetitions):
+            shift = repetition % len(runs)
+            for run in runs[shift:] + runs[:shift]:
+                samples[key(run)].append(run.seconds_per_step(steps_per_repetition))
+        return samples
+    finally:
+        for run in runs:
+            run.close()

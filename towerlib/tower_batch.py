@@ -3,7 +3,7 @@
 towerlib's `inputs` is the global batch of B examples; tower i sees only its
 n_i (B / N when divisible). TF 1 multi-GPU code was written the other way
 round: the tutorial's `--batch_size` is per GPU and its model hard-codes it,
-e.g. `tf.reshape(pool2, [FLAGS.batch_size, -1])`. Fed a global batch of 128
+e.g. `tf.reshape(pool2, [batch_size_flag, -1])`. Fed a global batch of 128
 over 4 towers, that reshape quietly turns a [32, 2304] tower batch into
 [128, 576] and the build fails later, at the loss, with TensorFlow's
 "labels.shape=(32,) and logits.shape=(128, 10)", nothing pointing at the
