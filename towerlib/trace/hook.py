@@ -1,0 +1,123 @@
+"""TraceHook: trace chosen training steps, and say whether the towers ran in parallel.
+
+    hook = towerlib.trace.TraceHook(steps=[100, 1000], output_dir=train_dir,
+                                    global_step=train.global_step,
+                                    tower_devices=train.devices)
+    towerlib.run_training(train, train_dir=train_dir, max_steps=2000, hooks=[hook])
+
+Steps are numbered as the training log numbers them: step s is the run of
+the train op that takes global_step from s - 1 to s (the value read after
+it). For each chosen step the hook
+
+  - adds the RunMetadata to TensorBoard as run metadata tagged 'step_<s>'
+    (the Graphs tab shows it per op), through `summary_writer` or
+    tf.compat.v1.summary.FileWriterCache.get(output_dir), and flushes;
+  - writes output_dir/traces/trace_step_<s>.json (towerlib.trace.chrome)
+    and, when matplotlib is installed, trace_step_<s>.png
+    (towerlib.trace.picture): in their own folder, apart from the
+    checkpoints and event files; a local path (written with open());
+  - logs the step's summary line to the 'towerlib' logger (INFO) and keeps
+    the StepProfile in `hook.profiles[s]`.
+
+How it knows the coming step without a run of its own: it fetches
+global_step with every run (a read at the start of the run, so the value
+before the update) and counts the next run as that value + 1; the first
+run's predecessor is read in after_create_session. A run is traced when
+its coming step is chosen; the traced run's actual step is read after it
+(the one extra read, on traced steps only). Other runs get no RunOptions
+and no fetch but global_step.
+"""
+
+import logging
+import os
+from typing import Dict, Iterable, Optional, Sequence
+
+import tensorflow as tf
+
+from towerlib.trace import analysis
+from towerlib.trace import chrome
+from towerlib.trace import picture
+
+__all__ = ["TraceHook"]
+
+logger = logging.getLogger("towerlib")
+
+TRACES_FOLDER = "traces"
+
+
+class TraceHook(tf.compat.v1.train.SessionRunHook):
+    """Traces the runs producing `steps` (see the module doc).
+
+    Args:
+      steps: the global steps to trace, e.g. [100, 1000] or range(100, 10**6, 1000).
+        Read once, here: an infinite iterable is refused.
+      output_dir: the TensorBoard folder (the train_dir); files go to its
+        'traces' subfolder.
+      global_step: the step variable or tensor (TrainGraph.global_step);
+        None: tf.compat.v1.train.get_global_step() when the session starts.
+      tower_devices: the towers' devices in tower order (TrainGraph.devices),
+        for the analysis; None finds them from the trace.
+      summary_writer: a tf.compat.v1.summary.FileWriter; None: the cached
+        writer of output_dir.
+
+    Attributes:
+      profiles: {step: StepProfile} of the steps traced so far.
+    """
+
+    def __init__(self, steps: Iterable[int], output_dir, global_step=None,
+                 tower_devices: Optional[Sequence[str]] = None, summary_writer=None):
+        self._steps = frozenset(int(s) for s in steps)
+        self._output_dir = str(output_dir)
+        self._global_step = global_step
+        self._tower_devices = list(tower_devices) if tower_devices is not None else None
+        self._writer = summary_writer
+        self._previous: Optional[int] = None
+        self._tracing = False
+        self.profiles: Dict[int, analysis.StepProfile] = {}
+
+    @property
+    def traces_dir(self) -> str:
+        return os.path.join(self._output_dir, TRACES_FOLDER)
+
+    def begin(self):
+        if self._global_step is None:
+            self._global_step = tf.compat.v1.train.get_global_step()
+            if self._global_step is None:
+                raise ValueError("TraceHook needs global_step: the graph has none "
+                                 "(pass TrainGraph.global_step).")
+        if self._writer is None:
+            self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
+
+    def after_create_session(self, session, coord):
+        del coord
+        self._previous = int(session.run(self._global_step))
+
+    def before_run(self, run_context):
+        del run_context
+        self._tracing = self._previous is not None and self._previous + 1 in self._steps
+        options = (tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+                   if self._tracing else None)
+        return tf.compat.v1.train.SessionRunArgs({"global_step": self._global_step},
+                                                 options=options)
+
+    def after_run(self, run_context, run_values):
+        if not self._tracing:
+            self._previous = int(run_values.results["global_step"]) + 1
+            return
+        self._tracing = False
+        step = int(run_context.session.run(self._global_step))
+        self._previous = step
+        self._record(step, run_values.run_metadata)
+
+    def _record(self, step, run_metadata):
+        self._writer.add_run_metadata(run_metadata, f"step_{step}", global_step=step)
+        self._writer.flush()
+        profile = analysis.analyze_step(run_metadata, self._tower_devices, step=step)
+        os.makedirs(self.traces_dir, exist_ok=True)
+        base = os.path.join(self.traces_dir, f"trace_step_{step}")
+        written = [chrome.write_chrome_trace(run_metadata, base + ".json", profile=profile)]
+        image = picture.write_step_picture(profile, base + ".png")
+        if image is not None:
+            written.append(image)
+        self.profiles[step] = profile
+        logger.info("%s; %s", profile.summary_line(), ", ".join(written))
