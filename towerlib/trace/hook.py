@@ -20,12 +20,17 @@ it). For each chosen step the hook
     the StepProfile in `hook.profiles[s]`.
 
 How it knows the coming step without a run of its own: it fetches
-global_step with every run (a read at the start of the run, so the value
-before the update) and counts the next run as that value + 1; the first
-run's predecessor is read in after_create_session. A run is traced when
-its coming step is chosen; the traced run's actual step is read after it
-(the one extra read, on traced steps only). Other runs get no RunOptions
-and no fetch but global_step.
+global_step with every run (a read with no inputs, run at the start of the
+run: the value before the update) and expects the next run to produce that
+value + 1; the first run's predecessor is read in after_create_session. A
+run is traced when the step it is expected to produce is chosen. After a
+traced run the hook reads global_step once more (the one extra read, on
+traced runs only): the trace is kept, as that step, only if the run moved
+global_step onto a chosen step. A run of something else through the same
+session (a fetch of the loss or of the step alone) moves nothing: its trace
+is dropped, the count corrected, and the next run traced instead; so such
+runs cost a trace now and then but never shift or hide the chosen step.
+Untraced runs get no RunOptions and no fetch but global_step.
 """
 
 import logging
@@ -101,13 +106,15 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
                                                  options=options)
 
     def after_run(self, run_context, run_values):
+        before = int(run_values.results["global_step"])
         if not self._tracing:
-            self._previous = int(run_values.results["global_step"]) + 1
+            self._previous = before + 1
             return
         self._tracing = False
         step = int(run_context.session.run(self._global_step))
         self._previous = step
-        self._record(step, run_values.run_metadata)
+        if step > before and step in self._steps:
+            self._record(step, run_values.run_metadata)
 
     def _record(self, step, run_metadata):
         self._writer.add_run_metadata(run_metadata, f"step_{step}", global_step=step)

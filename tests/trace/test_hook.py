@@ -1,0 +1,99 @@
+"""TraceHook in a MonitoredSession: only the chosen step traced, into TensorBoard and files."""
+
+import importlib.util
+import json
+import logging
+
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import towerlib
+from tests import helpers
+from towerlib import trace
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def tiny_train_graph(num_towers=2):
+    return helpers.build_on_image_batch(num_towers, tower_fn=helpers.conv_dense_model,
+                                        batch_size=8)
+
+
+def test_traces_the_chosen_step_only(tmp_path, caplog):
+    with tf.Graph().as_default():
+        train = tiny_train_graph()
+        hook = trace.TraceHook(steps={2}, output_dir=tmp_path, global_step=train.global_step,
+                               tower_devices=train.devices)
+        # The step is also fetched alone after each training run: those runs
+        # through the hooked session must not count as steps, nor be traced as one.
+        steps_after = []
+        with caplog.at_level(logging.INFO, logger="towerlib"), \
+                tf.compat.v1.train.MonitoredSession(
+                    session_creator=tf.compat.v1.train.ChiefSessionCreator(
+                        config=towerlib.session_config(2)),
+                    hooks=[hook]) as session:
+            for _ in range(4):
+                session.run(train.train_op)
+                steps_after.append(session.run(train.global_step))
+    assert steps_after == [1, 2, 3, 4]
+
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert events.Tags()["run_metadata"] == ["step_2"]  # untraced steps: none
+    assert len(events.RunMetadata("step_2").step_stats.dev_stats) >= 2
+
+    assert sorted(hook.profiles) == [2]
+    profile = hook.profiles[2]
+    assert profile.step == 2 and len(profile.towers) == 2
+    assert all(tower.busy_micros > 0 for tower in profile.towers)
+    assert profile.summary_line() in caplog.text
+
+    expected = {"trace_step_2.json"} | ({"trace_step_2.png"} if HAS_MATPLOTLIB else set())
+    assert {p.name for p in (tmp_path / "traces").iterdir()} == expected
+    with open(tmp_path / "traces" / "trace_step_2.json", encoding="utf-8") as stream:
+        assert json.load(stream)["otherData"]["summary"] == profile.summary_line()
+
+
+def test_untraced_runs_ask_for_global_step_and_nothing_else(tmp_path):
+    with tf.Graph().as_default():
+        train = tiny_train_graph()
+        writer = tf.compat.v1.summary.FileWriter(str(tmp_path))
+        hook = trace.TraceHook(steps=[1], output_dir=tmp_path,
+                               global_step=train.global_step, summary_writer=writer)
+        hook.begin()
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(train.global_step.assign(5))
+            hook.after_create_session(session, None)
+            untraced = hook.before_run(None)  # the coming step is 6
+            assert untraced.options is None and untraced.feed_dict is None
+            assert untraced.fetches == {"global_step": train.global_step}
+
+            hook = trace.TraceHook(steps=[6], output_dir=tmp_path,
+                                   global_step=train.global_step, summary_writer=writer)
+            hook.begin()
+            hook.after_create_session(session, None)
+            traced = hook.before_run(None)
+            assert traced.options.trace_level == tf.compat.v1.RunOptions.FULL_TRACE
+            assert traced.fetches == {"global_step": train.global_step}
+        writer.close()
+
+
+def test_in_run_training_the_traced_steps_are_the_logged_ones(tmp_path, caplog):
+    train_dir = tmp_path / "train"
+    with tf.Graph().as_default():
+        train = tiny_train_graph()
+        hook = trace.TraceHook(steps=[1, 3], output_dir=train_dir,
+                               global_step=train.global_step, tower_devices=train.devices)
+        with caplog.at_level(logging.INFO, logger="towerlib"):
+            result = towerlib.run_training(
+                train, train_dir=str(train_dir), max_steps=4, hooks=[hook],
+                session_config=towerlib.session_config(2), log_every_n_steps=1,
+                save_summaries_steps=None)
+    assert result.global_step == 4
+    assert sorted(hook.profiles) == [1, 3]
+    events = EventAccumulator(str(train_dir))
+    events.Reload()
+    assert sorted(events.Tags()["run_metadata"]) == ["step_1", "step_3"]
+    assert "traced step 3: 2 towers" in caplog.text
+    assert (train_dir / "traces" / "trace_step_3.json").exists()
