@@ -24,7 +24,10 @@ def traced_step(**options):
     with tf.Graph().as_default():
         train = helpers.build_on_image_batch(NUM_TOWERS, tower_fn=helpers.conv_bn_model,
                                              batch_size=16, **options)
-        with tf.compat.v1.Session(config=towerlib.session_config(NUM_TOWERS)) as session:
+        # A deadline, so that a collective left waiting fails the test instead of hanging it.
+        config = towerlib.exchange.bounded_session_config(
+            towerlib.session_config(NUM_TOWERS), timeout_seconds=60)
+        with tf.compat.v1.Session(config=config) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             if train.sync_copies_op is not None:
                 session.run(train.sync_copies_op)
@@ -37,6 +40,7 @@ def traced_step(**options):
 BUILDS = {
     "all_towers": dict(bn_mode="all_towers"),
     "sync": dict(bn_mode="sync"),
+    "sync_collective": dict(bn_mode="sync", sync_transport="collective"),
     "replicated": dict(bn_mode="all_towers", variable_update="replicated"),
 }
 
@@ -79,8 +83,11 @@ def test_exchange_time_only_where_towers_exchange(traced):
         assert exchange_ops == [] and profile.phase_micros[phases.EXCHANGE] == 0
         return
     names = {op.event.name.split("/")[0] for op in exchange_ops}
-    if build == "sync":
+    if build == "sync":  # the 'graph' transport: hub ops in their own scope
         assert "cross_tower_exchange" in names
+    elif build == "sync_collective":  # a collective op in every tower
+        gathers = {op.tower for op in exchange_ops if op.event.op_type == "CollectiveGather"}
+        assert gathers == set(range(NUM_TOWERS))
     else:
         assert "allreduce_gradients" in names
     assert profile.phase_micros[phases.EXCHANGE] > 0

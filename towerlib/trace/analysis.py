@@ -84,7 +84,8 @@ class StepProfile:
     Attributes:
       step: the step's number, when the caller gave it (for summary_line).
       start_micros: the first op's start, microseconds since the epoch.
-      span_micros: the step's wall span, first start to last end.
+      span_micros: the step's wall span, first start to last end of any op
+        recorded (a GPU's kernel launches included).
       towers: per tower, in index order.
       devices: per device, in the trace's order.
       overlap_micros: the time during which 2 or more towers were computing
@@ -223,6 +224,36 @@ def _spans(ops: Sequence[StepOp]):
     return [(op.event.start, op.event.end) for op in ops]
 
 
+def _tower_profiles(ops, tower_device, span):
+    """(TowerProfiles in index order, {tower index: its compute intervals})."""
+    own: Dict[int, List[StepOp]] = {index: [] for index in tower_device}
+    for op in ops:
+        if op.tower is not None:
+            own[op.tower].append(op)
+    towers, computing = [], {}
+    for index, device in sorted(tower_device.items()):
+        computing[index] = _spans([op for op in own[index] if op.phase == phases.COMPUTE])
+        busy = intervals.length(_spans(own[index]))
+        towers.append(TowerProfile(index, device, busy, intervals.length(computing[index]),
+                                   len(own[index]), busy / span if span else 0.0))
+    return tuple(towers), computing
+
+
+def _phase_times(ops):
+    """({phase: union}, {phase: per-device sum}, {phase: partition}) in microseconds."""
+    spans = {phase: [] for phase in phases.PHASES}
+    by_device: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
+    for op in ops:
+        interval = (op.event.start, op.event.end)
+        spans[op.phase].append(interval)
+        by_device.setdefault((op.phase, op.event.device), []).append(interval)
+    device_sum = {phase: 0 for phase in phases.PHASES}
+    for (phase, _), members in by_device.items():
+        device_sum[phase] += intervals.length(members)
+    return ({phase: intervals.length(members) for phase, members in spans.items()},
+            device_sum, intervals.partition(spans, phases.PRIORITY))
+
+
 def analyze_step(run_metadata_or_step_stats, tower_devices: Optional[Sequence[str]] = None,
                  *, step: Optional[int] = None) -> StepProfile:
     """The StepProfile of one traced step.
@@ -240,47 +271,32 @@ def analyze_step(run_metadata_or_step_stats, tower_devices: Optional[Sequence[st
     events_by_device = lanes.device_events(step_stats)
     tower_device = _tower_devices(tower_devices, events_by_device)
     ops = _attribute(events_by_device, tower_device)
-    everything = [e for lane in lanes.lane_events(step_stats).values() for e in lane
-                  if not e.lane.startswith("/host:")]
-    start = min((e.start for e in everything), default=0)
-    span = max((e.end for e in everything), default=0) - start
+    # The span covers every op recorded, a GPU's launches included
+    # ('/host:CPU' lanes only repeat the others).
+    recorded = [e for lane, events in lanes.lane_events(step_stats).items()
+                if not lane.startswith("/host:") for e in events]
+    start = min((e.start for e in recorded), default=0)
+    span = max((e.end for e in recorded), default=0) - start
 
-    towers = []
-    compute_by_tower = {}
-    for index, device in sorted(tower_device.items()):
-        own = [op for op in ops if op.tower == index]
-        compute_by_tower[index] = _spans([op for op in own if op.phase == phases.COMPUTE])
-        busy = intervals.length(_spans(own))
-        towers.append(TowerProfile(index, device, busy,
-                                   intervals.length(compute_by_tower[index]), len(own),
-                                   busy / span if span else 0.0))
-    pieces = intervals.coverage_counts(compute_by_tower)
+    towers, computing = _tower_profiles(ops, tower_device, span)
+    pieces = intervals.coverage_counts(computing)
     devices = tuple(
         DeviceProfile(device, intervals.length((e.start, e.end) for e in events),
                       len(events),
                       tuple(i for i, d in sorted(tower_device.items()) if d == device))
         for device, events in events_by_device.items())
-
-    by_phase = {phase: [op for op in ops if op.phase == phase] for phase in phases.PHASES}
-    phase_device_sum = {
-        phase: sum(intervals.length(_spans([op for op in members if op.event.device == d]))
-                   for d in events_by_device)
-        for phase, members in by_phase.items()}
+    union, device_sum, partition = _phase_times(ops)
     busy = intervals.length(_spans(ops))
     unattributed = [op for op in ops if op.tower is None]
     longest = sorted(unattributed, key=lambda op: (-op.event.duration, op.event.name))
     return StepProfile(
-        step=step, start_micros=start, span_micros=span, towers=tuple(towers),
-        devices=devices,
+        step=step, start_micros=start, span_micros=span, towers=towers, devices=devices,
         overlap_micros=sum(end - begin for begin, end, active in pieces if len(active) > 1),
         computing_micros=sum(end - begin for begin, end, _ in pieces),
         tower_compute_micros=sum((end - begin) * len(active) for begin, end, active in pieces),
-        phase_micros=types.MappingProxyType(
-            {phase: intervals.length(_spans(members)) for phase, members in by_phase.items()}),
-        phase_device_sum_micros=types.MappingProxyType(phase_device_sum),
-        phase_partition_micros=types.MappingProxyType(intervals.partition(
-            {phase: _spans(members) for phase, members in by_phase.items()},
-            phases.PRIORITY)),
+        phase_micros=types.MappingProxyType(union),
+        phase_device_sum_micros=types.MappingProxyType(device_sum),
+        phase_partition_micros=types.MappingProxyType(partition),
         busy_micros=busy, idle_micros=span - busy, op_count=len(ops),
         unattributed_count=len(unattributed),
         unattributed_micros=intervals.length(_spans(unattributed)),
