@@ -50,7 +50,7 @@ import tensorflow as tf  # noqa: E402
 import towerlib  # noqa: E402
 from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
-from towerlib.variable_update import DEFAULT_GRADIENT_PACK_BYTES  # noqa: E402
+from towerlib.update.variable_update import DEFAULT_GRADIENT_PACK_BYTES  # noqa: E402
 
 BASELINE = "parameter_server"
 GRAPH = "replicated/graph"

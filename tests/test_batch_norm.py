@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import layers
-from towerlib.context import BatchNormStatistics
+from towerlib.step.context import BatchNormStatistics
 from tests import helpers
 
 MOMENTUM = 0.9

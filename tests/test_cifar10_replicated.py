@@ -23,8 +23,8 @@ from examples.cifar10 import export as export_lib
 from examples.cifar10 import main, train
 from tests.test_cifar10_train import short_run_config
 from towerlib import cluster as cluster_lib
-from towerlib import variable_copies
-from towerlib.variable_update import DEFAULT_GRADIENT_PACK_BYTES
+from towerlib.update import copies as variable_copies
+from towerlib.update.variable_update import DEFAULT_GRADIENT_PACK_BYTES
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPLICATED_STEPS = 20

@@ -15,7 +15,7 @@ import towerlib
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import default_dirs, eval as eval_lib, export as export_lib
 from examples.cifar10 import generate, run_errors, train
-from towerlib import checkpoints
+from towerlib.run import checkpoints
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

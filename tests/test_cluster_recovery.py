@@ -11,7 +11,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from towerlib import trainer
+from towerlib.run import trainer
 from towerlib.cluster import recovery
 from towerlib.cluster.spec import cluster_from_flags
 from tests.distributed_processes import free_ports

@@ -1,4 +1,4 @@
-"""Tests for towerlib.collective on virtual CPU devices (no GPU needed)."""
+"""Tests for towerlib.exchange on virtual CPU devices (no GPU needed)."""
 
 import textwrap
 
@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tests import helpers
-from towerlib.collective import (
-    CollectiveFetchCheckHook,
+from towerlib.run.hooks import CollectiveFetchCheckHook
+from towerlib.exchange import (
     CollectiveMismatchError,
     CrossTowerReducer,
     PartialFetchError,
@@ -330,7 +330,7 @@ class _ExistingSession(tf.compat.v1.train.SessionCreator):
 _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
     import time
     import tensorflow as tf
-    from towerlib.collective import (CrossTowerReducer, CollectiveTimeoutError,
+    from towerlib.exchange import (CrossTowerReducer, CollectiveTimeoutError,
                                      bounded_session_config,
                                      explain_collective_errors)
     for mode in ('op_timeout', 'run_options', 'session_deadline'):
@@ -385,7 +385,7 @@ def test_partial_fetch_run_ends_in_a_clear_error_not_a_hang():
 def test_towerlib_collectives_are_recognized_by_group_key_not_by_name():
     from tensorflow.python.ops import collective_ops
 
-    from towerlib.collective import has_towerlib_collectives
+    from towerlib.exchange import has_towerlib_collectives
 
     def foreign_collective():
         # Someone else's collective, named like towerlib's.

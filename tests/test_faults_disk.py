@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towerlib import checkpoints, durable_files
+from towerlib.run import checkpoints
+from towerlib.run import durable_files
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.fault_scripts import tiny_model
-from towerlib import checkpoints
+from towerlib.run import checkpoints
 
 MAX_STEPS = 16
 SAVE_EVERY = 2

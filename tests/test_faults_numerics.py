@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import towerlib
 from tests.fault_scripts import tiny_model
-from towerlib import checkpoints
+from towerlib.run import checkpoints
 
 
 def _variables():

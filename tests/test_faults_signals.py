@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from towerlib import checkpoints
+from towerlib.run import checkpoints
 
 TIMEOUT = 90
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tests import helpers
-from towerlib.collective import CollectiveMismatchError, CrossTowerReducer, check_fetches
+from towerlib.exchange import CollectiveMismatchError, CrossTowerReducer, check_fetches
 
 
 def hub_ops(graph):

@@ -1,4 +1,4 @@
-"""Loss scaling (towerlib.loss_scaling): skipped overflow steps, the scale's rise and fall,
+"""Loss scaling (towerlib.precision.loss_scaling): skipped overflow steps, the scale's rise and fall,
 checkpoints, the floor error, exact unscaling, Momentum, Adam and the NaN guard."""
 
 import numpy as np
@@ -6,7 +6,8 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib import hooks, loss_scaling
+from towerlib.run import hooks
+from towerlib.precision import loss_scaling
 
 
 class _Step:
@@ -233,7 +234,7 @@ def test_float16_towers_with_loss_scaling_as_build_train_graph_would_wire_them()
     """Two towers on virtual CPUs: compute_in + scale/unscale/apply_or_skip around
     the steps build_train_graph takes today (a preview of the wiring)."""
     from tests import helpers
-    from towerlib import mixed_precision
+    from towerlib.precision import casting as mixed_precision
 
     with tf.Graph().as_default():
         # Seeded, and a scale that leaves float16 room: an overflow would skip

@@ -1,4 +1,4 @@
-"""Mixed precision: float16/bfloat16 compute on float32 variables (towerlib.mixed_precision)."""
+"""Mixed precision: float16/bfloat16 compute on float32 variables (towerlib.precision.casting)."""
 
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import layers
-from towerlib import mixed_precision
-from towerlib import variable_copies
+from towerlib.precision import casting as mixed_precision
+from towerlib.update import copies as variable_copies
 
 
 def _model(inputs, ctx):

@@ -43,7 +43,7 @@ def _build(compute_dtype, optimizer=None, **options):
     the graph is seeded: only the injected overflow may skip a step."""
     tf.compat.v1.set_random_seed(2)
     if compute_dtype == "float16":
-        options.setdefault("loss_scale", towerlib.loss_scaling.DynamicLossScale(initial=1024.0))
+        options.setdefault("loss_scale", towerlib.precision.loss_scaling.DynamicLossScale(initial=1024.0))
     tf.compat.v1.placeholder_with_default(1.0, [], name=GRADIENT_FACTOR)
     inputs = tuple(tf.constant(x) for x in helpers.image_batch(8, seed=3))
     return towerlib.build_train_graph(
@@ -100,7 +100,7 @@ def test_float16_variables_stay_float32_and_train_like_float32():
 def test_the_scale_survives_a_checkpoint_and_resume(tmp_path):
     def train_to(max_steps, inject):
         with tf.Graph().as_default():
-            train = _build("float16", loss_scale=towerlib.loss_scaling.DynamicLossScale(
+            train = _build("float16", loss_scale=towerlib.precision.loss_scaling.DynamicLossScale(
                 initial=1024.0, growth_interval=1000))
             hooks = []
             if inject:
@@ -195,5 +195,5 @@ def test_all_reduce_dtype_needs_replicated():
 @pytest.mark.parametrize("alias", ["half", "float", np.float16])
 def test_compute_dtype_takes_the_names_not_aliases(alias):
     with pytest.raises(ValueError, match="compute_dtype must be one of"):
-        towerlib.mixed_precision.check_compute_dtype(alias)
-    assert towerlib.mixed_precision.check_compute_dtype(tf.float16) == tf.float16
+        towerlib.precision.casting.check_compute_dtype(alias)
+    assert towerlib.precision.casting.check_compute_dtype(tf.float16) == tf.float16

@@ -152,7 +152,7 @@ def test_packing_on_and_off_give_the_same_weights():
 
 
 def test_packing_groups_follow_the_byte_limit():
-    from towerlib.allreduce import pack_groups
+    from towerlib.update.allreduce import pack_groups
     with tf.Graph().as_default():
         tensors = [tf.zeros([100]), tf.zeros([100]), tf.zeros([300]),
                    tf.zeros([10], tf.float16), tf.zeros([5])]

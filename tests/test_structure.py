@@ -212,7 +212,7 @@ def test_run_training_bounds_each_step_only_when_sync_uses_collectives(
         tmp_path, monkeypatch, transport, deadlines):
     """run_training turns on the partial-fetch check and a step deadline for
     collectives; graph edges cannot wait for a missing tower and get none."""
-    from towerlib import hooks
+    from towerlib.run import hooks
     from towerlib.exchange import safety
 
     seen_configs = []

@@ -17,7 +17,7 @@ import tensorflow as tf
 import towerlib
 from tests import helpers
 from towerlib import layers
-from towerlib.collective import (
+from towerlib.exchange import (
     CollectiveMismatchError,
     CrossTowerReducer,
     PartialFetchError,
@@ -518,7 +518,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
     import time
     import tensorflow as tf
     import towerlib
-    from towerlib.collective import (CollectiveTimeoutError,
+    from towerlib.exchange import (CollectiveTimeoutError,
                                      bounded_session_config,
                                      explain_collective_errors)
     from tests.helpers import cpu_devices, image_batch

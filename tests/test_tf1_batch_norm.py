@@ -18,7 +18,7 @@ import tensorflow as tf
 import towerlib
 from tests import helpers
 from towerlib import layers
-from towerlib.foreign_batch_norm import ForeignBatchNormError
+from towerlib.batchnorm.foreign import ForeignBatchNormError
 
 MOMENTUM = 0.5
 TOLERANCE = 1e-5

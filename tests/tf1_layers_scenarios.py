@@ -28,7 +28,7 @@ import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
 from tests import helpers  # noqa: E402
-from towerlib.foreign_batch_norm import ForeignBatchNormError  # noqa: E402
+from towerlib.batchnorm.foreign import ForeignBatchNormError  # noqa: E402
 
 MOMENTUM = 0.5  # far from 0.99, so that a few steps move the moving statistics
 STEPS = 4

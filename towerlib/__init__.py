@@ -7,32 +7,54 @@
         sess.run(tf.compat.v1.global_variables_initializer())
         sess.run(train.train_op)
 
-Cross-tower reductions (bn_mode="sync") are in towerlib.exchange, the
-training loop's hooks in towerlib.hooks, several machines in towerlib.cluster.
+The packages, by concern:
+
+  step/       building the training step: towers, contexts, the objective, the apply
+  update/     how gradients reach the variables: parameter server, replicated copies
+  precision/  compute dtypes and loss scaling
+  batchnorm/  batch norm across towers: the modes, the TF 1 layer swap, foreign layers
+  exchange/   cross-tower reductions (sync batch norm, the all-reduce)
+  run/        the training loop: hooks, checkpoints, guards, stopping, data position
+  checks/     validation of options and data, build-time checks of the tower function
+  cluster/    several machines
+  internals/  every TensorFlow internal towerlib relies on, one module each
+  layers      conv2d, dense, pooling... on tf.compat.v1.get_variable
 """
 
-from towerlib import (cluster, collective, exchange, hooks, layers, loss_scaling,
-                      mixed_precision)
-from towerlib.checkpoints import CheckpointError, find_restorable_checkpoint
-from towerlib.context import BN_MODES, TowerContext, TowerRecords
-from towerlib.data_position import DataPositionError, saved_position_iterator
-from towerlib.data_checks import (DataError, assert_finite, assert_labels_in_range,
-                                  check_record_files)
-from towerlib.determinism import seed_everything
-from towerlib.evaluation import EvalGraph, build_eval_graph
-from towerlib.foreign_batch_norm import ForeignBatchNormError
-from towerlib.devices import (missing_tower_devices, session_config, tower_devices,
-                              variable_placer)
-from towerlib.gradients import aggregate_gradients
-from towerlib.guards import NonFiniteError, guard_numerics
-from towerlib.inputs import split_global_batch
-from towerlib.normalization import batch_norm, pooled_statistics
-from towerlib.summaries import strip_tower_prefix, tower_scalar
-from towerlib.towers import Tower, TowerModel, build_towers
-from towerlib.train_graph import TrainGraph, build_train_graph, ema_restore_map
-from towerlib.hooks import StepLogger
-from towerlib.trainer import TrainingResult, run_training
-from towerlib.validation import ConfigError, ConfigProblem, validate_config
+from towerlib import cluster, exchange, layers
+
+# Building the training step.
+from towerlib.step.context import BN_MODES, TowerContext, TowerRecords
+from towerlib.step.devices import (missing_tower_devices, session_config, tower_devices,
+                                   variable_placer)
+from towerlib.step.evaluation import EvalGraph, build_eval_graph
+from towerlib.step.inputs import split_global_batch
+from towerlib.step.summaries import strip_tower_prefix, tower_scalar
+from towerlib.step.towers import Tower, TowerModel, build_towers
+from towerlib.step.train_graph import TrainGraph, build_train_graph, ema_restore_map
+from towerlib.update.aggregation import aggregate_gradients
+
+# Precision.
+from towerlib.precision import casting as mixed_precision
+from towerlib.precision import loss_scaling
+
+# Batch norm.
+from towerlib.batchnorm.foreign import ForeignBatchNormError
+from towerlib.batchnorm.normalization import batch_norm, pooled_statistics
+
+# Running: the loop, its hooks, checkpoints, faults.
+from towerlib.run import hooks
+from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
+from towerlib.run.data_position import DataPositionError, saved_position_iterator
+from towerlib.run.determinism import seed_everything
+from towerlib.run.guards import NonFiniteError, guard_numerics
+from towerlib.run.hooks import StepLogger
+from towerlib.run.trainer import TrainingResult, run_training
+
+# Checks.
+from towerlib.checks.data_checks import (DataError, assert_finite, assert_labels_in_range,
+                                         check_record_files)
+from towerlib.checks.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
 
@@ -45,8 +67,7 @@ __all__ = [
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
     "missing_tower_devices",
     # Submodules.
-    "cluster", "collective", "exchange", "hooks", "layers", "loss_scaling",
-    "mixed_precision",
+    "cluster", "exchange", "hooks", "layers", "loss_scaling", "mixed_precision",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",

@@ -15,8 +15,8 @@ however many towers there are.
 
 import tensorflow as tf
 
-from towerlib.normalization import batch_norm  # noqa: F401  (re-exported)
-from towerlib.tower_layers import TowerLayers, for_tower  # noqa: F401  (re-exported)
+from towerlib.batchnorm.normalization import batch_norm  # noqa: F401  (re-exported)
+from towerlib.batchnorm.tower_layers import TowerLayers, for_tower  # noqa: F401  (re-exported)
 
 
 def _l2_regularizer(weight_decay):

@@ -19,11 +19,11 @@ from typing import List, Optional, Set, Union
 
 import towerlib
 from examples.cifar10 import default_dirs, input_pipeline, models, schedule
-from towerlib import accumulation as accumulation_lib
+from towerlib.step import accumulation as accumulation_lib
 from towerlib import cluster as cluster_lib
-from towerlib import durable_files
-from towerlib import mixed_precision
-from towerlib import variable_update as variable_update_lib
+from towerlib.run import durable_files
+from towerlib.precision import casting as mixed_precision
+from towerlib.update import variable_update as variable_update_lib
 
 CONFIG_FILE = "train_config.json"
 OPTIMIZERS = ("sgd", "momentum")
@@ -108,7 +108,7 @@ def _refused_by_towerlib(config: TrainConfig, devices: List[str]) -> Set[str]:
 
 
 def _refused_by_variable_update_check(variable_update, param_device, pack_bytes) -> bool:
-    """Whether towerlib.variable_update.check_variable_update refuses these settings."""
+    """Whether towerlib.update.variable_update.check_variable_update refuses these settings."""
     try:
         variable_update_lib.check_variable_update(variable_update, param_device, pack_bytes)
     except ValueError:
@@ -249,11 +249,11 @@ def check(config: TrainConfig) -> List[str]:
             "--bn_mode=%r: choose one of %s."
             % (config.bn_mode, ", ".join(towerlib.BN_MODES))
         )
-    if config.sync_transport not in (None,) + towerlib.collective.TRANSPORTS:
+    if config.sync_transport not in (None,) + towerlib.exchange.TRANSPORTS:
         raise ConfigError(
             "--sync_transport=%r: choose %s, or leave it empty for the default "
             "(collective on GPUs, graph otherwise)."
-            % (config.sync_transport, " or ".join(towerlib.collective.TRANSPORTS))
+            % (config.sync_transport, " or ".join(towerlib.exchange.TRANSPORTS))
         )
     if "param_device" in refused:
         raise ConfigError(

@@ -122,7 +122,7 @@ def check_record_file(path: str, expected_bytes: Optional[int] = None) -> int:
       DataError: naming the file, what is wrong with it and how to fix it.
     """
     # Imported here, like TensorFlow below (towerlib loads it): generate.py needs neither.
-    from towerlib import data_checks
+    from towerlib.checks import data_checks
 
     if not os.path.isfile(path):
         raise DataError("CIFAR-10 data file %r is missing. %s" % (path, _FIX_HINT))

@@ -26,7 +26,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 import towerlib
-from towerlib import checkpoints
+from towerlib.run import checkpoints
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import data_source
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, download, run_errors
-from towerlib import data_position
+from towerlib.run import data_position
 
 # The errors a user can fix from the command line; the scripts print them without a trace.
 USER_ERRORS = (

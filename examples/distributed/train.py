@@ -31,7 +31,7 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import cluster as cluster_lib
-from towerlib import inputs as inputs_lib
+from towerlib.step import inputs as inputs_lib
 from towerlib import layers
 
 FLAGS = flags.FLAGS

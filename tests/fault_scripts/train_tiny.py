@@ -26,8 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from towerlib import checkpoints, durable_files  # noqa: E402
-from towerlib.trainer import step_after_update  # noqa: E402
+from towerlib.run import checkpoints  # noqa: E402
+from towerlib.run import durable_files
+from towerlib.run.trainer import step_after_update  # noqa: E402
 from tests.fault_scripts import tiny_model  # noqa: E402
 
 

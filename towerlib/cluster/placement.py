@@ -6,7 +6,7 @@ replica's own task, whose towers are its local devices under its task prefix.
 
 import tensorflow as tf
 
-from towerlib import devices as devices_lib
+from towerlib.step import devices as devices_lib
 from towerlib.cluster.spec import PS_JOB
 
 

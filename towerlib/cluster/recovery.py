@@ -15,7 +15,7 @@ ps tasks to accept connections again (`PsUnavailableError` naming the task
 otherwise), opens a fresh control session, and on a non-chief waits for the
 chief to restore the variables (polling every 0.5 s, where TensorFlow's
 worker session creator polls every 30 s). The chief's own new session
-restores the newest complete checkpoint in train_dir (towerlib.trainer).
+restores the newest complete checkpoint in train_dir (towerlib.run.trainer).
 """
 
 import logging

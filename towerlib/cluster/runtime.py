@@ -11,7 +11,7 @@ import time
 
 import tensorflow as tf
 
-from towerlib import trainer as trainer_lib
+from towerlib.run import trainer as trainer_lib
 from towerlib.cluster import recovery
 from towerlib.cluster.placement import start_server
 from towerlib.cluster.spec import PS_JOB

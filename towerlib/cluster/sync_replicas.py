@@ -30,8 +30,8 @@ from typing import Any, Tuple
 
 import tensorflow as tf
 
-from towerlib import guards
-from towerlib import train_graph as train_graph_lib
+from towerlib.run import guards
+from towerlib.step import train_graph as train_graph_lib
 from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo
 from towerlib.internals import sync_replicas as sync_internals

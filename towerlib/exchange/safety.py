@@ -5,7 +5,7 @@ A collective waits for every member of its group. The reducer's pairing
 only show when a graph runs, and these keep it from becoming a silent hang:
 
   * before a run, ``check_fetches(fetches)`` (or the
-    ``CollectiveFetchCheckHook`` of towerlib.hooks in a MonitoredSession)
+    ``CollectiveFetchCheckHook`` of towerlib.run.hooks in a MonitoredSession)
     finds the collectives a ``session.run`` would execute and raises if some
     tower's half of one is missing, which is what fetching only tower 0's
     loss does;
@@ -80,7 +80,7 @@ def check_fetches(fetches, feed_dict=None, graph=None) -> None:
     cause is fetching one tower's tensors alone, e.g. ``train.tower_losses[0]``.
 
     Cost: one walk over the fetched subgraph (milliseconds for a ResNet on 8
-    towers); ``towerlib.hooks.CollectiveFetchCheckHook`` caches the answer per
+    towers); ``towerlib.run.hooks.CollectiveFetchCheckHook`` caches the answer per
     fetch set.
 
     Args:

@@ -12,12 +12,12 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
-from towerlib import devices as devices_lib
-from towerlib import inputs as inputs_lib
-from towerlib import tower_batch
-from towerlib import tower_isolation
-from towerlib import variable_copies
-from towerlib.context import TowerContext, TowerRecords, check_bn_mode
+from towerlib.step import devices as devices_lib
+from towerlib.step import inputs as inputs_lib
+from towerlib.checks import tower_batch
+from towerlib.checks import tower_isolation
+from towerlib.update import copies as variable_copies
+from towerlib.step.context import TowerContext, TowerRecords, check_bn_mode
 from towerlib.internals import error_texts
 
 
@@ -173,11 +173,11 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       cross_tower: the cross-tower reducer for bn_mode='sync'.
       require_loss: whether the tower function must return a loss.
       check_isolation: refuse a tower whose loss reads another tower's
-        examples (towerlib.tower_isolation; e.g. a collection read without
+        examples (towerlib.checks.tower_isolation; e.g. a collection read without
         the tower's scope). False only for a deliberate cross-tower design.
       variable_getter: None, or a function tower index -> custom getter for
         that tower's variable scope (replicated variables give each tower its
-        own copies this way: towerlib.variable_copies).
+        own copies this way: towerlib.update.copies).
       micro_batch: which micro-batch of an accumulated step these towers
         build (TowerContext.micro_batch); 0 without accumulation.
 

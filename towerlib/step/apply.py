@@ -9,13 +9,13 @@ The chosen batch-norm updates run under control dependencies of the apply
 (compute_dtype='float16') all three sit inside the loss scale's
 apply_or_skip: a step whose gradients overflow leaves the weights, the
 slots, global_step, the moving statistics and the EMA as they were, and
-only the scale changes (towerlib.loss_scaling). Update ops the tower
+only the scale changes (towerlib.precision.loss_scaling). Update ops the tower
 function made itself already exist in the towers and run either way.
 """
 
 import tensorflow as tf
 
-from towerlib import normalization
+from towerlib.batchnorm import normalization
 
 __all__ = ["build_apply", "chosen_update_ops"]
 
@@ -45,7 +45,7 @@ def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step,
       pairs: the (gradient, variable) pairs to apply, unscaled.
       towers, records, bn_mode: for the batch-norm updates.
       ema_decay, var_list: the weights' moving average, if any.
-      loss_scale: a towerlib.loss_scaling.LossScale, or None.
+      loss_scale: a towerlib.precision.loss_scaling.LossScale, or None.
       losses: the towers' losses (float32 scalars), so that a non-finite
         loss under loss scaling reaches the NaN guard instead of passing for
         an overflow.

@@ -16,8 +16,8 @@ import uuid
 
 import tensorflow as tf
 
-from towerlib import devices as devices_lib
-from towerlib.context import BN_MODES
+from towerlib.step import devices as devices_lib
+from towerlib.step.context import BN_MODES
 
 
 @dataclasses.dataclass(frozen=True)

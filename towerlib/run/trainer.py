@@ -5,12 +5,12 @@ creator, step, summary and checkpoint hooks), with towerlib's pieces in
 place of TensorFlow's where a fault would cost work:
 
 - checkpoints are written crash-safe and restored from the newest complete
-  one (towerlib.checkpoints), so a restarted job continues from its last
+  one (towerlib.run.checkpoints), so a restarted job continues from its last
   saved global step even after a SIGKILL in the middle of a save;
-- SIGINT/SIGTERM finish the step, save and return (towerlib.stopping);
+- SIGINT/SIGTERM finish the step, save and return (towerlib.run.stopping);
 - a non-finite tower loss stops training with an error naming the step and
-  the tower, before anything of that step is saved (towerlib.guards);
-- the options are validated together first (towerlib.validation).
+  the tower, before anything of that step is saved (towerlib.run.guards);
+- the options are validated together first (towerlib.checks.validation).
 """
 
 import collections
@@ -18,11 +18,11 @@ import logging
 
 import tensorflow as tf
 
-from towerlib import checkpoints
-from towerlib import guards
-from towerlib import hooks as hooks_lib
-from towerlib import stopping
-from towerlib import validation
+from towerlib.run import checkpoints
+from towerlib.run import guards
+from towerlib.run import hooks as hooks_lib
+from towerlib.run import stopping
+from towerlib.checks import validation
 from towerlib.exchange import safety as exchange_safety
 
 logger = logging.getLogger("towerlib")

@@ -1,7 +1,7 @@
 """All-reduce of the towers' gradients, for replicated variables.
 
 Every tower differentiates its own weighted loss with respect to its own
-copies (towerlib.variable_copies); the sum over towers of those gradients is
+copies (towerlib.update.copies); the sum over towers of those gradients is
 the parameter-server aggregate, and every tower needs all of it. The sums go
 through the same CrossTowerReducer as sync batch norm's statistics (one code
 path: the graph hub on CPU towers, collectives with NCCL between GPUs).

@@ -39,8 +39,8 @@ from typing import Iterable, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from towerlib import graph_walk
-from towerlib import variable_copies
+from towerlib.step import graph_walk
+from towerlib.update import copies as variable_copies
 
 _SUM_OP_TYPES = frozenset({"Add", "AddV2", "AddN"})
 

@@ -29,7 +29,7 @@ A skipped step does not count as a step: global_step does not advance, so a
 run to max_steps takes as many updates as without loss scaling, plus the
 skipped ones. S never goes below `floor`; an overflow at the floor means the
 model itself overflows in float16, which no scale fixes: `floor_reached`
-says so for that step and towerlib.hooks.LossScaleFloorHook stops training with a
+says so for that step and towerlib.run.hooks.LossScaleFloorHook stops training with a
 LossScaleFloorError (otherwise a run whose every step overflows would skip
 forever and never reach max_steps).
 
@@ -74,7 +74,7 @@ import math
 
 import tensorflow as tf
 
-from towerlib.mixed_precision import loss_to_float32
+from towerlib.precision.casting import loss_to_float32
 
 __all__ = ["DynamicLossScale", "FixedLossScale", "LossScale", "LossScaleFloorError",
            "make_loss_scale"]
@@ -336,6 +336,6 @@ def make_loss_scale(loss_scale):
     if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
         return FixedLossScale(loss_scale)
     raise ValueError(
-        f"loss_scale must be None, 'dynamic', a number or a towerlib.loss_scaling."
+        f"loss_scale must be None, 'dynamic', a number or a towerlib.precision.loss_scaling."
         f"LossScale, got {loss_scale!r}. Fix: 'dynamic' with compute_dtype='float16'; "
         "None with 'bfloat16' or 'float32', which do not need it.")

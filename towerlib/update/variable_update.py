@@ -9,8 +9,8 @@ the global batch; they differ in what crosses between devices each step
       reads every variable and sends its gradient to the variable's device,
       where the gradients are summed and applied once.
   'replicated': every tower holds its own copy of every variable on its own
-      device (towerlib.variable_copies). The towers' gradients are summed by
-      an all-reduce (towerlib.allreduce, through the same cross-tower exchange
+      device (towerlib.update.copies). The towers' gradients are summed by
+      an all-reduce (towerlib.update.allreduce, through the same cross-tower exchange
       as sync batch norm: NCCL between GPUs); each tower applies the summed
       gradient to its own copy with its own optimizer slots.
 
@@ -28,9 +28,9 @@ import logging
 
 import tensorflow as tf
 
-from towerlib import allreduce
-from towerlib import gradients as gradients_lib
-from towerlib import variable_copies
+from towerlib.update import allreduce
+from towerlib.update import aggregation as gradients_lib
+from towerlib.update import copies as variable_copies
 
 __all__ = ["DEFAULT_GRADIENT_PACK_BYTES", "VARIABLE_UPDATES", "ParameterServerUpdate",
            "ReplicatedUpdate", "make_variable_update"]

@@ -10,7 +10,7 @@ differentiates its own weighted term on its own device; the gradients are
 summed per variable on the variable's device; one `apply_gradients` adds 1 to
 `global_step`. Regularization is added to tower 0's term only, so it counts
 once (a weight's REGULARIZATION_LOSSES term, or weight decay the tower put
-into the 'losses' collection and returned inside its loss: towerlib.loss_terms).
+into the 'losses' collection and returned inside its loss: towerlib.step.loss_terms).
 The chosen batch-norm updates run under control dependencies of the update
 (seed 000); the weights' moving average, when asked for, after it.
 """
@@ -20,19 +20,19 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from towerlib import accumulation
-from towerlib import apply_step
+from towerlib.step import accumulation
+from towerlib.step import apply as apply_step
 from towerlib import exchange
-from towerlib import foreign_batch_norm
-from towerlib import guards
-from towerlib import loss_scaling
-from towerlib import loss_terms
-from towerlib import mixed_precision
-from towerlib import devices as devices_lib
-from towerlib import summaries as summaries_lib
-from towerlib import towers as towers_lib
-from towerlib import variable_update as variable_update_lib
-from towerlib.context import TowerContext, TowerRecords, check_bn_mode
+from towerlib.batchnorm import foreign as foreign_batch_norm
+from towerlib.run import guards
+from towerlib.precision import loss_scaling
+from towerlib.step import loss_terms
+from towerlib.precision import casting as mixed_precision
+from towerlib.step import devices as devices_lib
+from towerlib.step import summaries as summaries_lib
+from towerlib.step import towers as towers_lib
+from towerlib.update import variable_update as variable_update_lib
+from towerlib.step.context import TowerContext, TowerRecords, check_bn_mode
 
 
 @dataclasses.dataclass
@@ -63,7 +63,7 @@ class TrainGraph:
       sync_copies_op: with 'replicated', an op copying tower 0's values into
         the other towers' copies: run it after restoring tower 0's variables
         in a plain Session (run_training needs none); else None.
-      loss_scale: the towerlib.loss_scaling.LossScale of a float16 build
+      loss_scale: the towerlib.precision.loss_scaling.LossScale of a float16 build
         (run_training adds its floor hook), else None.
     """
 
@@ -204,25 +204,25 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
       num_towers: number of towers (default: one per GPU, else 1).
       devices: explicit tower device strings instead of num_towers.
       device_type: 'gpu', 'cpu' or None (GPUs when the machine has them).
-      bn_mode: 'first_tower', 'all_towers' or 'sync' (see towerlib.normalization).
+      bn_mode: 'first_tower', 'all_towers' or 'sync' (see towerlib.batchnorm.normalization).
       param_device: with 'parameter_server': 'cpu' (variables on the host
         CPU, the default), 'gpu' (spread over the tower GPUs by byte size) or a
         device function. Not with 'replicated'.
       variable_update: 'parameter_server' (one copy of every variable) or
         'replicated' (a copy per tower on its device, gradients all-reduced;
-        see towerlib.variable_update).
+        see towerlib.update.variable_update).
       gradient_pack_bytes: with 'replicated', dense gradients are packed into
         all-reduce buffers of at most this many bytes (0: one per gradient).
       accumulation_steps: k >= 1; one optimizer step consumes k micro-batches
         per tower, the global batch split k ways then over the towers, the
-        gradients summed in float32 (see towerlib.accumulation).
+        gradients summed in float32 (see towerlib.step.accumulation).
       compute_dtype: 'float32', 'float16' or 'bfloat16': the towers compute
         in it (floating inputs cast to it, trainable variables stored in
         float32 and read cast to it); the loss, batch-norm statistics and
-        gradients stay float32 (see towerlib.mixed_precision).
+        gradients stay float32 (see towerlib.precision.casting).
       loss_scale: with 'float16': None or 'dynamic' (the default: dynamic
-        loss scaling, towerlib.loss_scaling), a number (a fixed scale) or a
-        towerlib.loss_scaling.LossScale. Refused with the other dtypes, which
+        loss scaling, towerlib.precision.loss_scaling), a number (a fixed scale) or a
+        towerlib.precision.loss_scaling.LossScale. Refused with the other dtypes, which
         need none.
       allreduce_in_compute_dtype: with 'replicated' and a half compute dtype,
         all-reduce the gradients in it (half the bytes on the wire, sums
@@ -246,14 +246,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None,
         'collective' (NCCL) when every tower is a GPU and 'graph' otherwise
         (see towerlib.exchange.CrossTowerReducer).
       check_isolation: refuse a tower whose loss reads another tower's
-        examples (see towerlib.tower_isolation); False only for a deliberate
+        examples (see towerlib.checks.tower_isolation); False only for a deliberate
         cross-tower dependency outside towerlib.exchange.
 
     Returns:
       A TrainGraph. Its `loss` is the data loss: regularization the towers
       return inside their loss (GraphKeys.REGULARIZATION_LOSSES terms, or
       weight decay in the 'losses' collection, the TF 1 tutorial's way) is
-      reported in `regularization_loss` instead (see towerlib.loss_terms).
+      reported in `regularization_loss` instead (see towerlib.step.loss_terms).
     """
     check_bn_mode(bn_mode)
     _check_sync_transport(sync_transport)

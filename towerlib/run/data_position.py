@@ -65,7 +65,7 @@ def check_saveable_pipeline(dataset):
                 "Fix: use stateless random ops with a per-element seed, e.g. "
                 "tf.image.stateless_random_flip_left_right(image, seed) with seeds "
                 "from tf.data.Dataset.random(seed).batch(2) zipped to the dataset "
-                "(see towerlib/data_position.py).") from None
+                "(see towerlib/run/data_position.py).") from None
         except tf.errors.OpError:
             return
 

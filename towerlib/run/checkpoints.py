@@ -46,8 +46,8 @@ import os
 
 import tensorflow as tf
 
-from towerlib import durable_files
-from towerlib.checkpoint_state import (DEFAULT_BASENAME, SAVING_DIRNAME, STATE_FILENAME,
+from towerlib.run import durable_files
+from towerlib.run.checkpoint_state import (DEFAULT_BASENAME, SAVING_DIRNAME, STATE_FILENAME,
                                        CheckpointError, checkpoint_files, checkpoint_problem,
                                        checkpoint_step, data_shard_prefix,
                                        delete_checkpoint, read_state, scan_prefixes,

@@ -32,8 +32,8 @@ import numbers
 
 import tensorflow as tf
 
-from towerlib import inputs as inputs_lib
-from towerlib.context import TowerContext
+from towerlib.step import inputs as inputs_lib
+from towerlib.step.context import TowerContext
 
 __all__ = ["after", "check_accumulation_steps", "micro_batch_scope", "micro_batches"]
 
@@ -94,7 +94,7 @@ def micro_batches(inputs, accumulation_steps, devices, bn_mode, host_device):
 def _prebuilt_inputs(input_fn, accumulation_steps, devices, bn_mode, host_device):
     """Calls input_fn for every micro-batch and tower up front, so that B is known."""
     del host_device  # each tower's input is built on that tower's host
-    from towerlib import devices as devices_lib  # pylint: disable=import-outside-toplevel
+    from towerlib.step import devices as devices_lib  # pylint: disable=import-outside-toplevel
     built, sizes = [], []
     for micro_batch in range(accumulation_steps):
         per_tower = []

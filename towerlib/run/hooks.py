@@ -17,10 +17,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from towerlib import checkpoints
-from towerlib import loss_scaling
+from towerlib.run import checkpoints
+from towerlib.precision import loss_scaling
 from towerlib.exchange import safety
-from towerlib.guards import NonFiniteError
+from towerlib.run.guards import NonFiniteError
 
 logger = logging.getLogger("towerlib")
 
@@ -142,7 +142,7 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
         Args:
           tower_losses: float scalars, one per tower (TrainGraph.tower_losses).
           step_after_update: the global step read after the update
-            (towerlib.trainer.step_after_update), to name the step.
+            (towerlib.run.trainer.step_after_update), to name the step.
           devices: tower device strings, for the message.
         """
         self.tower_losses = list(tower_losses)

@@ -1,6 +1,6 @@
 """Walking a graph backwards from a tensor, for the build-time checks.
 
-The checks on a tower's loss (towerlib.tower_isolation, towerlib.loss_terms)
+The checks on a tower's loss (towerlib.checks.tower_isolation, towerlib.step.loss_terms)
 ask what a tensor was computed from. They walk the producing ops backwards
 through data and control inputs and stop where the answer cannot change:
 at variables (their value is the same whichever tower reads it) and

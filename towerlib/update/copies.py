@@ -2,7 +2,7 @@
 
 With ``variable_update='replicated'`` each tower reads and updates its own
 copy of every variable, so no weight crosses between devices in a step; only
-the gradients do, summed by an all-reduce (towerlib.allreduce).
+the gradients do, summed by an all-reduce (towerlib.update.allreduce).
 
 Names. Tower 0's copies carry the plain names ('conv1/weights'), exactly the
 variables a parameter-server build creates, and are the only ones a

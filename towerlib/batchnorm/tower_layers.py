@@ -2,7 +2,7 @@
 
 TF 1 code calls `tf.compat.v1.layers.batch_normalization(x, training=...)`,
 which knows nothing of towers: under bn_mode 'all_towers' or 'sync' towerlib
-refuses it (towerlib.foreign_batch_norm). towerlib's batch norm needs the
+refuses it (towerlib.batchnorm.foreign). towerlib's batch norm needs the
 tower's context, and towerlib never reads it from a global, so the context
 is bound once per tower function instead of passed at every call:
 
@@ -23,7 +23,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from towerlib import normalization
+from towerlib.batchnorm import normalization
 
 
 def for_tower(ctx):

@@ -4,7 +4,7 @@ A checkpoint '<train_dir>/model.ckpt-<step>' is its data shards, its
 '.index' (written last, so an index means a complete checkpoint) and an
 optional '.meta'. The 'checkpoint' state file lists the kept ones in
 TensorFlow's own text format, so tf.train.latest_checkpoint and TensorBoard
-keep working. towerlib.checkpoints writes and restores; this module names,
+keep working. towerlib.run.checkpoints writes and restores; this module names,
 checks and lists.
 """
 
@@ -14,7 +14,7 @@ import re
 
 import tensorflow as tf
 
-from towerlib import durable_files
+from towerlib.run import durable_files
 
 logger = logging.getLogger("towerlib")
 

@@ -26,8 +26,8 @@ from typing import Dict, List
 
 import tensorflow as tf
 
-from towerlib import devices as devices_lib
-from towerlib import towers as towers_lib
+from towerlib.step import devices as devices_lib
+from towerlib.step import towers as towers_lib
 
 __all__ = ["EvalGraph", "build_eval_graph"]
 

@@ -6,7 +6,7 @@ variable is *stored* in float32. Each tower reads a weight through a cast to
 the compute dtype, so the gradient reaching the variable comes back through
 the cast as float32; the towers' gradients are summed and applied in float32,
 and small updates (lr * g, often below float16's resolution of 2**-11
-relative) are not lost. Loss scaling for float16 is towerlib.loss_scaling.
+relative) are not lost. Loss scaling for float16 is towerlib.precision.loss_scaling.
 
 The pieces, each one job:
 
@@ -47,7 +47,7 @@ Wiring into build_train_graph (a few lines; `compute_dtype` a new option):
 
 `compute_in` opens the tower's variable scope again with the storage getter,
 so it sits *in front of* the getter build_towers already set for the tower
-(replicated variables' per-tower copies, towerlib.variable_copies): it asks
+(replicated variables' per-tower copies, towerlib.update.copies): it asks
 that getter for a float32 variable and casts what comes back. Nothing else
 in the build changes: var_list, gradients, their sum, the optimizer, the
 checkpoints all see float32 variables only. The casts run on the tower's
@@ -65,7 +65,7 @@ counters) are returned exactly as they are.
 
 import tensorflow as tf
 
-from towerlib import towers as towers_lib
+from towerlib.step import towers as towers_lib
 
 __all__ = ["COMPUTE_DTYPES", "cast_inputs", "check_compute_dtype", "compute_in",
            "float32_storage_getter", "loss_to_float32"]
@@ -96,7 +96,7 @@ def check_compute_dtype(name):
             "'float32' for full precision; 'bfloat16' on TPUs, GPUs from A100 on "
             "and CPUs (float32's range, no loss scaling needed); 'float16' on GPUs "
             "with float16 tensor cores (V100, T4), with loss scaling "
-            "(towerlib.loss_scaling). The weights stay float32 in every case.")
+            "(towerlib.precision.loss_scaling). The weights stay float32 in every case.")
     return dtype
 
 

@@ -27,7 +27,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from towerlib.context import BatchNormStatistics
+from towerlib.step.context import BatchNormStatistics
 
 
 def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchronized):
