@@ -72,8 +72,8 @@ class ModeRun(SteppedGraph):
                 tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
                 num_towers=num_towers,
                 bn_mode=bn_mode,
-                sync_transport=transport or None,
-                param_device=FLAGS.param_device,
+                exchange=transport or None,
+                update=towerlib.ParameterServer(device=FLAGS.param_device),
                 summaries=False,
             )
             self.train_op = train.train_op

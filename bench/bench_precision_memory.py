@@ -64,7 +64,7 @@ def _graph(global_batch, accumulation_steps, num_towers=1, compute_dtype="float3
     train = towerlib.build_train_graph(
         make_model(FLAGS.model), (batch, labels),
         tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), num_towers=num_towers,
-        accumulation_steps=accumulation_steps, compute_dtype=compute_dtype,
+        accumulation_steps=accumulation_steps, precision=compute_dtype,
         summaries=False)
     session = tf.compat.v1.Session(config=towerlib.session_config(num_towers))
     session.run(tf.compat.v1.global_variables_initializer())
@@ -108,7 +108,7 @@ def _speed_ratio():
     for dtype in ("float32", "bfloat16"):
         with tf.Graph().as_default():
             train, session, _ = _graph(FLAGS.speed_batch, 1, num_towers=2,
-                                       compute_dtype=dtype)
+                                       precision=dtype)
         for _ in range(3):
             session.run(train.train_op)
         runs[dtype] = (train, session)

@@ -1,4 +1,4 @@
-"""Step time of variable_update='replicated' against 'parameter_server'.
+"""Step time of update='replicated' against 'parameter_server'.
 
     python bench/bench_variable_update.py --towers=1,2,4,8 --repetitions=9
 
@@ -13,7 +13,7 @@ present), all with bn_mode='first_tower' and Momentum:
 
   parameter_server       one copy of every variable on the host CPU (the baseline)
   replicated/graph       replicated, gradients packed into buffers of
-                         DEFAULT_GRADIENT_PACK_BYTES, graph transport
+                         DEFAULT_PACK_BYTES, graph transport
   replicated/graph/unpacked   the same with gradient_pack_bytes=0
   replicated/collective  replicated, packed, collective transport: measured
                          only at the --transport_towers counts
@@ -50,7 +50,7 @@ import tensorflow as tf  # noqa: E402
 import towerlib  # noqa: E402
 from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
-from towerlib.update.variable_update import DEFAULT_GRADIENT_PACK_BYTES  # noqa: E402
+from towerlib.update.replicated import DEFAULT_PACK_BYTES  # noqa: E402
 
 BASELINE = "parameter_server"
 GRAPH = "replicated/graph"
@@ -58,13 +58,11 @@ COLLECTIVE = "replicated/collective"
 
 # build_train_graph options of each variant.
 VARIANTS = {
-    BASELINE: dict(variable_update="parameter_server"),
-    GRAPH: dict(variable_update="replicated", sync_transport="graph",
-                gradient_pack_bytes=DEFAULT_GRADIENT_PACK_BYTES),
-    "replicated/graph/unpacked": dict(variable_update="replicated", sync_transport="graph",
-                                      gradient_pack_bytes=0),
-    COLLECTIVE: dict(variable_update="replicated", sync_transport="collective",
-                     gradient_pack_bytes=DEFAULT_GRADIENT_PACK_BYTES),
+    BASELINE: dict(update="parameter_server"),
+    GRAPH: dict(update=towerlib.Replicated(), exchange="graph"),
+    "replicated/graph/unpacked": dict(update=towerlib.Replicated(pack_bytes=0),
+                                      exchange="graph"),
+    COLLECTIVE: dict(update=towerlib.Replicated(), exchange="collective"),
 }
 
 FLAGS = flags.FLAGS
@@ -150,7 +148,7 @@ def main(argv):
     print(
         f"CIFAR {FLAGS.model}, global batch {FLAGS.global_batch}, bn_mode=first_tower, "
         f"Momentum, towers on {device_kind} devices, {os.cpu_count()} cores; "
-        f"DEFAULT_GRADIENT_PACK_BYTES={DEFAULT_GRADIENT_PACK_BYTES}; median of "
+        f"DEFAULT_PACK_BYTES={DEFAULT_PACK_BYTES}; median of "
         f"{FLAGS.repetitions} interleaved repetitions x {FLAGS.steps_per_repetition} "
         f"steps; load average at start {os.getloadavg()[0]:.1f}"
     )

@@ -7,9 +7,9 @@ No GPU is needed: the training graph is built with GPU device strings
 ('/device:GPU:0', ...) and never run. For each model and tower count it builds
 the three ways towerlib can update the variables,
 
-  ps/cpu      variable_update='parameter_server', param_device='cpu'
-  ps/gpu      variable_update='parameter_server', param_device='gpu'
-  replicated  variable_update='replicated', sync_transport='collective' (NCCL)
+  ps/cpu      update=towerlib.ParameterServer(device='cpu')
+  ps/gpu      update=towerlib.ParameterServer(device='gpu')
+  replicated  update='replicated', exchange='collective' (NCCL)
 
 counts what crosses between devices in one step (`count_traffic`, below) and
 prints a markdown table: the busiest device's bytes sent and received, the
@@ -415,9 +415,9 @@ def make_traffic_model(name: str):
 
 # Each way of updating the variables: (label, build_train_graph options).
 VARIABLE_UPDATES = (
-    ("ps/cpu", dict(variable_update="parameter_server", param_device="cpu")),
-    ("ps/gpu", dict(variable_update="parameter_server", param_device="gpu")),
-    ("replicated", dict(variable_update="replicated", sync_transport="collective")),
+    ("ps/cpu", dict(update=towerlib.ParameterServer(device="cpu"))),
+    ("ps/gpu", dict(update=towerlib.ParameterServer(device="gpu"))),
+    ("replicated", dict(update="replicated", exchange="collective")),
 )
 
 

@@ -201,7 +201,8 @@ def run_towers(model_fn, batch, optimizer_kind, num_towers, steps=5,
         train = towerlib.build_train_graph(
             model_fn, inputs, make_optimizer(optimizer_kind),
             devices=cpu_devices(num_towers), bn_mode=bn_mode,
-            param_device=param_device, **kwargs)
+            update=kwargs.pop("update", towerlib.ParameterServer(device=param_device)),
+            **kwargs)
         variables = model_variables()
         config = towerlib.session_config(num_towers, allow_soft_placement=False)
         with tf.compat.v1.Session(config=config) as session:

@@ -102,7 +102,7 @@ def test_sparse_gradients(num_towers):
 def test_replicated_variables_with_accumulation():
     batch = helpers.image_batch(12, seed=2)
     replicated, train, _ = run(helpers.conv_bn_model, batch, "momentum", 2, 2,
-                               variable_update="replicated", bn_mode="all_towers")
+                               update="replicated", bn_mode="all_towers")
     server, _, _ = run(helpers.conv_bn_model, batch, "momentum", 2, 2, bn_mode="all_towers")
     _assert_close(replicated, server)
     assert train.variable_copies

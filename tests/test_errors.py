@@ -147,8 +147,8 @@ def test_unknown_bn_mode():
 
 
 def test_unknown_parameter_device():
-    with pytest.raises(ValueError, match="Unknown param_device 'tpu'.*'cpu'.*'gpu'"):
-        build(param_device="tpu")
+    with pytest.raises(ValueError, match=r"ParameterServer\(device='tpu'\).*'cpu'.*'gpu'"):
+        build(update=towerlib.ParameterServer(device="tpu"))
 
 
 def test_non_optimizer():

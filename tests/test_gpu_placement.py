@@ -9,6 +9,7 @@ import functools
 import tensorflow as tf
 
 from tests import helpers
+import towerlib
 
 GPUS = ["/device:GPU:0", "/device:GPU:1"]
 
@@ -47,7 +48,7 @@ def test_tower_compute_on_its_gpu_and_variables_on_the_host_cpu():
 
 def test_gpu_parameter_device_spreads_variables_over_the_gpus():
     with tf.Graph().as_default():
-        build_on(devices=GPUS, param_device="gpu")
+        build_on(devices=GPUS, update=towerlib.ParameterServer(device="gpu"))
         devices = {v.device for v in tf.compat.v1.trainable_variables()}
         assert devices == set(GPUS)
 

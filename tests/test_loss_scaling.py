@@ -218,7 +218,7 @@ def test_make_loss_scale_and_bad_arguments():
         custom = loss_scaling.DynamicLossScale(initial=64.0, name="custom")
         assert loss_scaling.make_loss_scale(custom) is custom
         assert custom.scale_variable.op.name == "custom/scale"
-        with pytest.raises(ValueError, match="Fix: 'dynamic' with compute_dtype='float16'"):
+        with pytest.raises(ValueError, match="Fix: 'dynamic' with precision='float16'"):
             loss_scaling.make_loss_scale("dynamc")
         for bad in [dict(initial=0), dict(factor=1.0), dict(floor=4.0, initial=2.0),
                     dict(growth_interval=0), dict(initial=float("inf"))]:

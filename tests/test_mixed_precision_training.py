@@ -43,13 +43,14 @@ def _build(compute_dtype, optimizer=None, **options):
     the graph is seeded: only the injected overflow may skip a step."""
     tf.compat.v1.set_random_seed(2)
     if compute_dtype == "float16":
-        options.setdefault("loss_scale", towerlib.precision.loss_scaling.DynamicLossScale(initial=1024.0))
+        compute_dtype = towerlib.Float16(loss_scale=options.pop(
+            "loss_scale", towerlib.loss_scaling.DynamicLossScale(initial=1024.0)))
     tf.compat.v1.placeholder_with_default(1.0, [], name=GRADIENT_FACTOR)
     inputs = tuple(tf.constant(x) for x in helpers.image_batch(8, seed=3))
     return towerlib.build_train_graph(
         model_with_overflow_switch, inputs,
         optimizer or tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
-        devices=helpers.cpu_devices(2), compute_dtype=compute_dtype, **options)
+        devices=helpers.cpu_devices(2), precision=compute_dtype, **options)
 
 
 def test_float16_overflow_skips_the_step_and_halves_the_scale():
@@ -141,7 +142,7 @@ def test_a_real_nan_loss_under_loss_scaling_is_still_a_non_finite_error(tmp_path
             inputs = tuple(tf.constant(x) for x in helpers.image_batch(8, seed=3))
             train = towerlib.build_train_graph(
                 nan_model, inputs, towerlib.guard_numerics(optimizer) if guard else optimizer,
-                devices=helpers.cpu_devices(2), compute_dtype="float16")
+                devices=helpers.cpu_devices(2), precision="float16")
             with pytest.raises(towerlib.NonFiniteError):
                 towerlib.run_training(train, train_dir=str(tmp_path / str(guard)),
                                       max_steps=3, session_config=towerlib.session_config(2),
@@ -149,9 +150,8 @@ def test_a_real_nan_loss_under_loss_scaling_is_still_a_non_finite_error(tmp_path
 
 
 @pytest.mark.parametrize("options,match", [
-    (dict(compute_dtype="float64"), "compute_dtype"),
-    (dict(compute_dtype="bfloat16", loss_scale="dynamic"), "only float16 needs loss scaling"),
-    (dict(compute_dtype="float16", guard_gradients=True), "check_gradients=True"),
+    (dict(precision="float64"), "compute_dtype"),
+    (dict(precision="float16", guard_gradients=True), "check_gradients=True"),
 ])
 def test_bad_mixed_precision_options_are_refused(options, match):
     optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
@@ -167,8 +167,8 @@ def test_bad_mixed_precision_options_are_refused(options, match):
 @pytest.mark.parametrize("in_compute_dtype", [False, True])
 def test_replicated_bfloat16_all_reduce_in_either_dtype(in_compute_dtype):
     with tf.Graph().as_default():
-        train = _build("bfloat16", variable_update="replicated",
-                       allreduce_in_compute_dtype=in_compute_dtype)
+        train = _build("bfloat16", update=towerlib.Replicated(
+            wire_dtype="bfloat16" if in_compute_dtype else None))
         graph = tf.compat.v1.get_default_graph()
         hubs = [op for op in graph.get_operations()
                 if op.type == "AddN" and "cross_tower_exchange" in op.name]
@@ -186,10 +186,20 @@ def test_replicated_bfloat16_all_reduce_in_either_dtype(in_compute_dtype):
             np.testing.assert_array_equal(first, second, err_msg=name)
 
 
-def test_all_reduce_dtype_needs_replicated():
-    with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="replicated"):
-            _build("bfloat16", allreduce_in_compute_dtype=True)
+@pytest.mark.parametrize("loss_scale", [-1, 0, float("inf"), float("nan"), "dynamc", True])
+def test_float16_names_a_bad_loss_scale_and_the_fix(loss_scale):
+    """Issue 22, item 8: the error names loss_scale, not just 'value'."""
+    with pytest.raises(ValueError, match=r"Float16\(loss_scale=.*loss scale.*Fix: "):
+        towerlib.Float16(loss_scale=loss_scale)
+
+
+def test_precision_names_are_shorthands_for_the_objects():
+    from towerlib.precision import resolve_precision
+    assert resolve_precision("float16") == towerlib.Float16(loss_scale="dynamic")
+    assert resolve_precision(tf.bfloat16) == towerlib.BFloat16()
+    assert resolve_precision("float32") == towerlib.Float32()
+    with pytest.raises(ValueError, match="compute_dtype must be one of"):
+        resolve_precision("half")
 
 
 @pytest.mark.parametrize("alias", ["half", "float", np.float16])

@@ -1,4 +1,4 @@
-"""variable_update='replicated': a copy of every variable per tower, gradients all-reduced.
+"""update='replicated': a copy of every variable per tower, gradients all-reduced.
 
 The gold standard: the same weights, slots and moving statistics as the
 parameter-server build (itself checked against one device in
@@ -46,7 +46,7 @@ def run(model_fn, batch, optimizer_kind, num_towers, variable_update, steps=5, *
         inputs = tuple(tf.constant(x) for x in batch)
         train = towerlib.build_train_graph(
             model_fn, inputs, _optimizer(optimizer_kind),
-            devices=helpers.cpu_devices(num_towers), variable_update=variable_update,
+            devices=helpers.cpu_devices(num_towers), update=variable_update,
             **options)
         start = _start_values()
         config = towerlib.session_config(num_towers, allow_soft_placement=False)
@@ -122,9 +122,9 @@ def test_every_batch_norm_mode_keeps_the_moving_statistics_of_one_copy(bn_mode):
 def test_collective_transport_gives_the_same_result():
     batch = helpers.image_batch(9, seed=6)
     graph_hub, _, _ = run(helpers.conv_bn_model, batch, "momentum", 3, "replicated",
-                          bn_mode="sync", sync_transport="graph")
+                          bn_mode="sync", exchange="graph")
     collective, _, copies = run(helpers.conv_bn_model, batch, "momentum", 3, "replicated",
-                                bn_mode="sync", sync_transport="collective")
+                                bn_mode="sync", exchange="collective")
     _assert_close(collective, graph_hub)
     _assert_copies_identical(copies, 3)
 
@@ -145,8 +145,8 @@ def test_sparse_gradients_stay_sparse_and_match(num_towers):
 def test_packing_on_and_off_give_the_same_weights():
     batch = helpers.image_batch(8, seed=8)
     packed, _, _ = run(helpers.conv_dense_model, batch, "momentum", 2, "replicated")
-    unpacked, _, _ = run(helpers.conv_dense_model, batch, "momentum", 2, "replicated",
-                         gradient_pack_bytes=0)
+    unpacked, _, _ = run(helpers.conv_dense_model, batch, "momentum", 2,
+                         towerlib.Replicated(pack_bytes=0))
     for name in packed:
         np.testing.assert_array_equal(packed[name], unpacked[name], err_msg=name)
 
@@ -167,7 +167,7 @@ def test_replicated_checkpoint_restores_into_a_parameter_server_graph(tmp_path):
     with tf.Graph().as_default():
         train = towerlib.build_train_graph(
             helpers.conv_dense_model, inputs(), _optimizer("momentum"),
-            devices=helpers.cpu_devices(2), variable_update="replicated")
+            devices=helpers.cpu_devices(2), update="replicated")
         towerlib.run_training(train, train_dir=str(tmp_path), max_steps=3,
                               session_config=towerlib.session_config(2),
                               save_summaries_steps=None)
@@ -193,7 +193,7 @@ def test_parameter_server_checkpoint_resumes_in_replicated_mode(tmp_path):
         with tf.Graph().as_default():
             train = towerlib.build_train_graph(
                 helpers.conv_bn_model, inputs(), _optimizer("momentum"),
-                devices=helpers.cpu_devices(3), variable_update=variable_update,
+                devices=helpers.cpu_devices(3), update=variable_update,
                 bn_mode="all_towers")
             towerlib.run_training(train, train_dir=str(tmp_path / variable_update),
                                   max_steps=step, session_config=towerlib.session_config(3),
@@ -214,16 +214,20 @@ def test_parameter_server_checkpoint_resumes_in_replicated_mode(tmp_path):
     _assert_close(resumed_4, server_4)
 
 
-def test_replicated_refuses_a_parameter_device():
-    with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="param_device"):
-            helpers.build_on_image_batch(2, variable_update="replicated", param_device="cpu")
+def test_replicated_checks_itself_when_constructed():
+    """A parameter device is not an option of Replicated: nothing to refuse at build."""
+    with pytest.raises(ValueError, match=r"Replicated\(pack_bytes=-1\).*>= 0"):
+        towerlib.Replicated(pack_bytes=-1)
+    with pytest.raises(ValueError, match=r"Replicated\(wire_dtype='float64'\)"):
+        towerlib.Replicated(wire_dtype="float64")
+    assert towerlib.Replicated(wire_dtype="float32").wire_dtype is None
+    assert towerlib.Replicated(wire_dtype=tf.bfloat16).wire_dtype == "bfloat16"
 
 
 def test_replicated_refuses_an_unknown_variable_update():
     with tf.Graph().as_default():
-        with pytest.raises(ValueError, match="variable_update"):
-            helpers.build_on_image_batch(2, variable_update="mirrored")
+        with pytest.raises(ValueError, match=r"update='mirrored'.*towerlib.Replicated"):
+            helpers.build_on_image_batch(2, update="mirrored")
 
 
 def test_replicated_refuses_a_trained_variable_made_outside_the_towers():
@@ -234,7 +238,7 @@ def test_replicated_refuses_a_trained_variable_made_outside_the_towers():
             return outside * helpers.conv_dense_model(inputs, ctx)
 
         with pytest.raises(ValueError, match="outside_scale"):
-            helpers.build_on_image_batch(2, tower_fn=model, variable_update="replicated",
+            helpers.build_on_image_batch(2, tower_fn=model, update="replicated",
                                          var_list=[outside])
 
 
@@ -265,7 +269,7 @@ def test_dynamic_batch_and_per_tower_inputs_match_parameter_server():
                 inputs = placeholders if source == "fed" else per_tower
                 train = towerlib.build_train_graph(
                     helpers.conv_dense_model, inputs, _optimizer("momentum"),
-                    devices=helpers.cpu_devices(3), variable_update=variable_update)
+                    devices=helpers.cpu_devices(3), update=variable_update)
                 start = _start_values()
                 with tf.compat.v1.Session(config=towerlib.session_config(3)) as session:
                     session.run(tf.compat.v1.global_variables_initializer())
@@ -285,7 +289,7 @@ def test_ema_and_numerics_guard_work_with_copies(tmp_path):
         guarded = towerlib.guard_numerics(_optimizer("momentum"), check_gradients=True)
         train = towerlib.build_train_graph(
             helpers.conv_dense_model, inputs, guarded, devices=helpers.cpu_devices(2),
-            variable_update="replicated", ema_decay=0.9)
+            update="replicated", ema_decay=0.9)
         assert train.numerics_guards == (guarded,)
         result = towerlib.run_training(train, train_dir=str(tmp_path), max_steps=3,
                                        session_config=towerlib.session_config(2),
@@ -301,7 +305,7 @@ def test_copies_live_on_their_towers_devices():
     with tf.Graph().as_default():
         train = helpers.build_on_image_batch(
             3, tower_fn=helpers.conv_dense_model, optimizer_kind="momentum",
-            variable_update="replicated")
+            update="replicated")
         for name, copies in train.variable_copies.items():
             for tower, copy in enumerate(copies):
                 assert tf.DeviceSpec.from_string(copy.device).device_index == tower, (
@@ -316,7 +320,7 @@ def test_sync_copies_op_repairs_a_restore_after_the_copies_were_initialized(tmp_
         inputs = tuple(tf.constant(x) for x in batch)
         train = towerlib.build_train_graph(
             helpers.conv_dense_model, inputs, _optimizer("momentum"),
-            devices=helpers.cpu_devices(2), variable_update="replicated")
+            devices=helpers.cpu_devices(2), update="replicated")
         saver = tf.compat.v1.train.Saver()
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
             session.run(tf.compat.v1.global_variables_initializer())
@@ -343,7 +347,7 @@ def test_built_inside_a_variable_scope_only_tower_0_is_saved_and_slots_are_copie
             inputs = tuple(tf.constant(x) for x in batch)
             train = towerlib.build_train_graph(
                 helpers.conv_dense_model, inputs, _optimizer("adam"),
-                devices=helpers.cpu_devices(2), variable_update="replicated")
+                devices=helpers.cpu_devices(2), update="replicated")
         saved = [v.op.name for v in tf.compat.v1.global_variables()]
         assert not [name for name in saved if "replicated/tower_" in name], saved
         slots = [name for name in train.variable_copies if name.endswith(("Adam", "Adam_1"))]
@@ -370,7 +374,7 @@ def test_tutorial_weight_decay_in_every_tower_works_with_copies():
             inputs = tuple(tf.constant(x) for x in batch)
             train = towerlib.build_train_graph(
                 model, inputs, _optimizer("sgd"), devices=helpers.cpu_devices(2),
-                variable_update=variable_update)
+                update=variable_update)
             with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
                 session.run(tf.compat.v1.global_variables_initializer())
                 session.run(tf.compat.v1.local_variables_initializer())

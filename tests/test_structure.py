@@ -46,7 +46,7 @@ def test_gpu_parameter_device_spreads_variables_by_size():
             layers.dense(layers.dense(layers.flatten(inputs[0]), 64, name="a"),
                          64, name="b")) + tf.reduce_mean(
             layers.dense(layers.flatten(inputs[0]), 8, name="c"))
-        build(3, tower_fn=big, param_device="gpu")
+        build(3, tower_fn=big, update=towerlib.ParameterServer(device="gpu"))
         load = {}
         for var in tf.compat.v1.trainable_variables():
             load[var.device] = load.get(var.device, 0) + var.shape.num_elements() * 4
@@ -229,7 +229,7 @@ def test_run_training_bounds_each_step_only_when_sync_uses_collectives(
 
     monkeypatch.setattr(hooks, "CollectiveFetchCheckHook", CountedFetchCheck)
     with tf.Graph().as_default():
-        train = build(2, bn_mode="sync", sync_transport=transport)
+        train = build(2, bn_mode="sync", exchange=transport)
         step, loss = towerlib.run_training(
             train, train_dir=str(tmp_path), max_steps=2,
             session_config=towerlib.session_config(2), collective_timeout_secs=120)

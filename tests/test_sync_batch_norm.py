@@ -114,7 +114,7 @@ def train_towerlib(
     devices: the towers' devices, in tower order (default CPU:0, CPU:1, ...).
     dynamic_batch: feed through placeholders whose batch size is unknown
       when the graph is built (counts are then computed at run time).
-    transport: sync_transport (None: the default for CPU towers, 'graph').
+    transport: the exchange (None: the default for CPU towers, 'graph').
     """
     graph = tf.Graph()
     with graph.as_default():
@@ -136,9 +136,9 @@ def train_towerlib(
             helpers.make_optimizer(optimizer_kind),
             devices=devices or helpers.cpu_devices(num_towers),
             bn_mode=bn_mode,
-            param_device=param_device,
-            sync_timeout_seconds=60,
-            sync_transport=transport,
+            update=towerlib.ParameterServer(device=param_device),
+            exchange=(towerlib.CollectiveExchange(timeout_seconds=60)
+                      if transport == "collective" else transport),
             summaries=False,
         )
         variables = helpers.model_variables()
@@ -432,7 +432,7 @@ def _exchange_ops(graph):
 def test_inference_uses_moving_statistics_without_collectives_on_one_tower(transport):
     with tf.Graph().as_default() as graph:
         data = helpers.image_batch(8)
-        train = build_sync_on_two_towers(summaries=False, sync_transport=transport)
+        train = build_sync_on_two_towers(summaries=False, exchange=transport)
         collectives_before = _exchange_ops(graph)
         assert collectives_before  # the training graph has them
         captured = {}
@@ -508,7 +508,7 @@ def test_sync_training_without_a_reducer_is_a_clear_error():
 
 def test_fetching_one_towers_loss_is_caught_before_running():
     with tf.Graph().as_default():
-        train = build_sync_on_two_towers(sync_transport="collective")
+        train = build_sync_on_two_towers(exchange="collective")
         with pytest.raises(PartialFetchError, match=r"run 1 of the 2 ops.*tower_0/bn_conv1"):
             check_fetches(train.tower_losses[0])
         check_fetches([train.train_op, train.loss])  # every tower: fine
@@ -528,7 +528,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
       train = towerlib.build_train_graph(
           conv_dense_model, tuple(tf.constant(t) for t in data),
           tf.compat.v1.train.GradientDescentOptimizer(0.1),
-          devices=cpu_devices(2), bn_mode='sync', sync_transport='collective')
+          devices=cpu_devices(2), bn_mode='sync', exchange='collective')
       config = bounded_session_config(towerlib.session_config(2), timeout_seconds=2.0)
       with tf.compat.v1.Session(config=config) as sess:
         sess.run(tf.compat.v1.global_variables_initializer())

@@ -78,7 +78,7 @@ def test_ring_formulas():
 
 
 def test_parameter_server_on_cpu_sends_weights_out_and_gradients_back():
-    counted, per_device = _count(2, variable_update="parameter_server", param_device="cpu")
+    counted, per_device = _count(2, update=towerlib.ParameterServer(device="cpu"))
     expected = sorted(
         [(CPU, gpu, WEIGHTS, "variable") for gpu in (GPU0, GPU1)]
         + [(CPU, gpu, BIASES, "variable") for gpu in (GPU0, GPU1)]
@@ -96,7 +96,7 @@ def test_parameter_server_on_cpu_sends_weights_out_and_gradients_back():
 
 def test_parameter_server_on_gpus_splits_the_variables():
     # Greedy by bytes: the weights (created first) on GPU:0, the biases on GPU:1.
-    counted, per_device = _count(2, variable_update="parameter_server", param_device="gpu")
+    counted, per_device = _count(2, update=towerlib.ParameterServer(device="gpu"))
     expected = sorted(
         [(GPU0, GPU1, WEIGHTS, "variable"), (GPU1, GPU0, BIASES, "variable"),
          (GPU1, GPU0, WEIGHTS, "computed"), (GPU0, GPU1, BIASES, "computed")]
@@ -107,7 +107,7 @@ def test_parameter_server_on_gpus_splits_the_variables():
 
 
 def test_replicated_moves_only_the_all_reduce_and_the_input():
-    counted, per_device = _count(2, variable_update="replicated", sync_transport="collective")
+    counted, per_device = _count(2, update="replicated", exchange="collective")
     expected = sorted([(CPU, gpu, X_SHARD, "input") for gpu in (GPU0, GPU1)]
                       + [(CPU, gpu, Y_SHARD, "input") for gpu in (GPU0, GPU1)])
     assert _large_edges(counted) == expected  # no weight, no gradient crosses
@@ -120,7 +120,7 @@ def test_replicated_moves_only_the_all_reduce_and_the_input():
 
 
 def test_replicated_on_four_towers_follows_the_ring_formula():
-    counted, per_device = _count(4, variable_update="replicated", sync_transport="collective")
+    counted, per_device = _count(4, update="replicated", exchange="collective")
     assert not [e for e in counted.edges if e.kind == "variable"]
     assert [p.sent_bytes for p in counted.collectives] == [2 * 3 / 4 * 72] * 4  # 108
     for index in range(4):
@@ -139,7 +139,7 @@ def test_step_excludes_initializers():
             y = tf.constant(np.zeros((8, 3), np.float32))
         train = towerlib.build_train_graph(
             _dense_tower, (x, y), tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            devices=[GPU0, GPU1], summaries=False, variable_update="replicated")
+            devices=[GPU0, GPU1], summaries=False, update="replicated")
         names = {op.name for op in traffic.step_ops(train.train_op)}
         initializers = [v.initializer.name for v in tf.compat.v1.local_variables()]
         assert initializers and not names.intersection(initializers)
@@ -157,9 +157,9 @@ def test_bench_row_on_a_small_resnet(update):
 
 
 @pytest.mark.parametrize("options", [
-    dict(variable_update="parameter_server", param_device="cpu"),
-    dict(variable_update="parameter_server", param_device="gpu"),
-    dict(variable_update="replicated", sync_transport="graph"),
+    dict(update=towerlib.ParameterServer(device="cpu")),
+    dict(update=towerlib.ParameterServer(device="gpu")),
+    dict(update="replicated", exchange="graph"),
 ], ids=["ps_cpu", "ps_spread", "replicated_graph"])
 def test_placement_matches_tensorflows_own_partitioning(options):
     """The counted edges are the Sends TensorFlow makes when it runs the step.

@@ -23,6 +23,12 @@ The packages, by concern:
 
 from towerlib import cluster, exchange, layers
 
+# The strategies, each an object chosen by the user (strings name the defaults).
+from towerlib.exchange.choice import CollectiveExchange, GraphExchange
+from towerlib.precision.policy import BFloat16, Float16, Float32
+from towerlib.update.parameter_server import ParameterServer
+from towerlib.update.replicated import Replicated
+
 # Building the training step.
 from towerlib.step.context import BN_MODES, TowerContext, TowerRecords
 from towerlib.step.devices import (missing_tower_devices, session_config, tower_devices,
@@ -31,7 +37,8 @@ from towerlib.step.evaluation import EvalGraph, build_eval_graph
 from towerlib.step.inputs import split_global_batch
 from towerlib.step.summaries import strip_tower_prefix, tower_scalar
 from towerlib.step.towers import Tower, TowerModel, build_towers
-from towerlib.step.train_graph import TrainGraph, build_train_graph, ema_restore_map
+from towerlib.step.build import build_train_graph
+from towerlib.step.train_graph import TrainGraph, ema_restore_map
 from towerlib.update.aggregation import aggregate_gradients
 
 # Precision.
@@ -59,6 +66,9 @@ from towerlib.checks.validation import ConfigError, ConfigProblem, validate_conf
 __version__ = "0.1.0"
 
 __all__ = [
+    # The strategies.
+    "BFloat16", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
+    "ParameterServer", "Replicated",
     # Building and running the training step.
     "BN_MODES", "EvalGraph", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",

@@ -23,7 +23,7 @@ from towerlib.step import accumulation as accumulation_lib
 from towerlib import cluster as cluster_lib
 from towerlib.run import durable_files
 from towerlib.precision import casting as mixed_precision
-from towerlib.update import variable_update as variable_update_lib
+import towerlib.update as variable_update_lib
 
 CONFIG_FILE = "train_config.json"
 OPTIMIZERS = ("sgd", "momentum")
@@ -56,7 +56,7 @@ class TrainConfig:
     # None: the host CPU with parameter_server (each tower's own device with replicated).
     param_device: Optional[str] = None
     variable_update: str = "parameter_server"
-    gradient_pack_bytes: int = variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES
+    gradient_pack_bytes: int = variable_update_lib.DEFAULT_PACK_BYTES
     compute_dtype: str = "float32"  # the towers' arithmetic; the weights stay float32
     loss_scale: Optional[str] = None  # float16 only: None (dynamic), 'dynamic' or a number
     accumulation_steps: int = 1  # micro-batches per optimizer step
@@ -110,7 +110,11 @@ def _refused_by_towerlib(config: TrainConfig, devices: List[str]) -> Set[str]:
 def _refused_by_variable_update_check(variable_update, param_device, pack_bytes) -> bool:
     """Whether towerlib.update.variable_update.check_variable_update refuses these settings."""
     try:
-        variable_update_lib.check_variable_update(variable_update, param_device, pack_bytes)
+        choice = variable_update_lib.resolve_update(variable_update)
+        variable_update_lib.Replicated(pack_bytes=pack_bytes)
+        if choice.name == "replicated":
+            return param_device is not None
+        variable_update_lib.ParameterServer(device=param_device or "cpu")
     except ValueError:
         return True
     return False
@@ -122,11 +126,11 @@ def _check_variable_update(config: TrainConfig) -> None:
     towerlib's check says no in one message for any of three reasons; asking it about
     one setting at a time tells which flag to name.
     """
-    default_bytes = variable_update_lib.DEFAULT_GRADIENT_PACK_BYTES
+    default_bytes = variable_update_lib.DEFAULT_PACK_BYTES
     if _refused_by_variable_update_check(config.variable_update, None, default_bytes):
         raise ConfigError(
             "--variable_update=%r: choose %s."
-            % (config.variable_update, " or ".join(variable_update_lib.VARIABLE_UPDATES))
+            % (config.variable_update, " or ".join(variable_update_lib.UPDATE_NAMES))
         )
     if _refused_by_variable_update_check(
         config.variable_update, None, config.gradient_pack_bytes

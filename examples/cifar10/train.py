@@ -107,12 +107,14 @@ def build_training(plan: TrainPlan):
         optimizer,
         devices=plan.devices,
         bn_mode=config.bn_mode,
-        sync_transport=config.sync_transport,
-        param_device=config.param_device,
-        variable_update=config.variable_update,
-        gradient_pack_bytes=config.gradient_pack_bytes,
-        compute_dtype=config.compute_dtype,
-        loss_scale=config.resolved_loss_scale(),
+        update=(towerlib.Replicated(pack_bytes=config.gradient_pack_bytes)
+                if config.variable_update == "replicated"
+                else towerlib.ParameterServer(device=config.param_device or "cpu")),
+        precision=(towerlib.Float16(loss_scale=config.resolved_loss_scale() or "dynamic")
+                   if config.compute_dtype == "float16" else config.compute_dtype),
+        exchange=(config.sync_transport or None
+                  if config.bn_mode == "sync" or config.variable_update == "replicated"
+                  else None),
         accumulation_steps=config.accumulation_steps,
         global_step=global_step,
         ema_decay=config.ema_decay,
@@ -149,7 +151,7 @@ def build_replica_training(plan: TrainPlan):
         device_type=config.device_type,
         bn_mode=config.bn_mode,
         ema_decay=config.ema_decay,
-        compute_dtype=config.compute_dtype,
+        precision=config.compute_dtype,
         accumulation_steps=config.accumulation_steps,
         device_function=placer,
         global_step=global_step,

@@ -126,7 +126,7 @@ def train_one_machine():
             model, replica_batch(global_step, 0, 1),
             tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
             devices=towerlib.tower_devices(FLAGS.num_towers, FLAGS.device_type),
-            bn_mode=FLAGS.bn_mode, variable_update=FLAGS.variable_update,
+            bn_mode=FLAGS.bn_mode, update=FLAGS.variable_update,
             global_step=global_step)
         return towerlib.run_training(
             train_graph, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
@@ -165,7 +165,7 @@ def main(argv):
     if cluster is not None and FLAGS.variable_update == "replicated":
         # Every task refuses, the ps too: it would wait for workers that never come.
         sys.stderr.write(
-            "error: --variable_update=replicated is for the towers of one machine; in a "
+            "error: --update=replicated is for the towers of one machine; in a "
             "cluster the variables live on the ps tasks. Fix: drop --variable_update "
             "(parameter_server) with --ps_hosts/--worker_hosts or TF_CONFIG.\n")
         sys.exit(2)

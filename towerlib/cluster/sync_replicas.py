@@ -30,8 +30,10 @@ from typing import Any, Tuple
 
 import tensorflow as tf
 
-from towerlib.run import guards
-from towerlib.step import train_graph as train_graph_lib
+from towerlib.step.build import build_train_graph
+from towerlib.step.options import check_ema_decay
+from towerlib.step.train_graph import TrainGraph
+from towerlib.update.parameter_server import ParameterServer
 from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo
 from towerlib.internals import sync_replicas as sync_internals
@@ -68,6 +70,7 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
         self.num_replicas = num_replicas
         self.is_chief = is_chief
         self.variable_averages = variable_averages
+        self.wrapped_optimizer = optimizer  # towerlib.run.guards.guards_in looks inside
         self.replica_step_op = None
         self.aggregation_op = None
 
@@ -146,7 +149,7 @@ class SyncTrainGraph:
       device_function: the ParameterServerPlacer used for the variables.
     """
 
-    train_graph: train_graph_lib.TrainGraph
+    train_graph: TrainGraph
     optimizer: SyncReplicasTowerOptimizer
     hooks: Tuple[Any, ...]
     cluster: ClusterInfo
@@ -166,12 +169,11 @@ def check_bn_mode_for_cluster(bn_mode, cluster):
             "or 'first_tower'.")
 
 
-_RESERVED_BUILD_ARGS = ("devices", "param_device", "ema_decay", "num_towers")
-
-
 def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=None,
-                           device_type=None, bn_mode="first_tower", ema_decay=None,
-                           device_function=None, **build_kwargs):
+                           device_type=None, bn_mode="first_tower", precision="float32",
+                           exchange=None, accumulation_steps=1, ema_decay=None,
+                           global_step=None, learning_rate=None, var_list=None,
+                           summaries=True, check_isolation=True, device_function=None):
     """Builds this replica's synchronous training step.
 
     Call it in every replica with the same model, optimizer and arguments;
@@ -183,7 +185,10 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
     and any variable lands on a ps task.
 
     Args:
-      tower_fn, inputs: as for towerlib.build_train_graph.
+      tower_fn, inputs, precision, exchange, accumulation_steps, global_step,
+      learning_rate, var_list, summaries, check_isolation: as for
+        towerlib.build_train_graph (the update is always a
+        towerlib.ParameterServer on the ps tasks).
       optimizer: a tf.compat.v1.train.Optimizer (e.g. GradientDescentOptimizer);
         it is wrapped here, do not wrap it in SyncReplicasOptimizer yourself.
       cluster: this task's ClusterInfo (a replica, not a ps).
@@ -194,8 +199,6 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
         per global step by the chief.
       device_function: the ParameterServerPlacer the inputs were built under
         (default: a new one).
-      **build_kwargs: other towerlib.build_train_graph arguments (learning_rate,
-        var_list, summaries, global_step).
 
     Returns:
       A SyncTrainGraph.
@@ -205,40 +208,29 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             "build_sync_train_graph runs on a training task (worker or chief); a ps "
             "task only serves variables (run_parameter_server).")
     check_bn_mode_for_cluster(bn_mode, cluster)
-    if build_kwargs.get("variable_update", "parameter_server") != "parameter_server":
-        raise ValueError(
-            "variable_update='replicated' is for the towers of one machine; across "
-            "machines the variables live on the ps tasks. Leave variable_update "
-            "unset with build_sync_train_graph.")
-    reserved = sorted(set(build_kwargs) & set(_RESERVED_BUILD_ARGS))
-    if reserved:
-        raise ValueError(f"{reserved} are set by build_sync_train_graph from the "
-                         "cluster; pass num_towers/device_type/ema_decay as its own "
-                         "arguments.")
     if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise TypeError("Pass the plain optimizer; build_sync_train_graph wraps it "
                         "in SyncReplicasTowerOptimizer itself.")
     placer = device_function or placement.ParameterServerPlacer(cluster)
     devices = placement.tower_devices(cluster, num_towers, device_type)
     with tf.compat.v1.device(placer):
-        global_step = build_kwargs.pop("global_step", None)
         if global_step is None:
             global_step = tf.compat.v1.train.get_or_create_global_step()
+        check_ema_decay(ema_decay)
         ema = None
         if ema_decay is not None:
-            train_graph_lib.check_ema_decay(ema_decay)
             ema = tf.compat.v1.train.ExponentialMovingAverage(
                 ema_decay, num_updates=global_step)
         sync_optimizer = SyncReplicasTowerOptimizer(
             optimizer, cluster.num_replicas, cluster.is_chief, variable_averages=ema)
-        train_graph = train_graph_lib.build_train_graph(
+        # The chief applies the moving average itself (variable_averages): the
+        # step builds none, and reports the optimizer's.
+        train_graph = build_train_graph(
             tower_fn, inputs, sync_optimizer, devices=devices, bn_mode=bn_mode,
-            param_device=placer, global_step=global_step, **build_kwargs)
-    if ema is not None:
-        train_graph = dataclasses.replace(train_graph, ema=ema)
-    # The guard, if any, sits inside the sync wrapper, out of build_train_graph's sight.
-    train_graph = dataclasses.replace(
-        train_graph, numerics_guards=tuple(guards.guards_in(optimizer)))
+            update=ParameterServer(device=placer), precision=precision, exchange=exchange,
+            accumulation_steps=accumulation_steps, global_step=global_step,
+            learning_rate=learning_rate, var_list=var_list, summaries=summaries,
+            check_isolation=check_isolation)
     return SyncTrainGraph(
         train_graph=train_graph, optimizer=sync_optimizer,
         hooks=(sync_optimizer.make_session_run_hook(),), cluster=cluster,

@@ -13,12 +13,15 @@ The package, one job per module:
   graph_hub.py    the 'graph' transport: one hub op per exchange (CPU default)
   collectives.py  the 'collective' transport: collective ops, NCCL on GPUs
   safety.py       fetch checks, run deadlines, timeouts explained
+  choice.py       `exchange=`: GraphExchange, CollectiveExchange
 
 Both transports give every tower the same bits. The 'graph' transport cannot
 wait for a tower that is not run; for collectives, the build-time pairing and
 the run-time guards in safety.py keep a mistake from becoming a silent hang.
 """
 
+from towerlib.exchange.choice import (EXCHANGE_NAMES, CollectiveExchange, ExchangeChoice,
+                                      GraphExchange, resolve_exchange)
 from towerlib.exchange.ledger import CollectiveMismatchError
 from towerlib.exchange.reducer import TRANSPORTS, CrossTowerReducer
 from towerlib.exchange.safety import (DEFAULT_TIMEOUT_SECONDS, CollectiveTimeoutError,
@@ -27,7 +30,8 @@ from towerlib.exchange.safety import (DEFAULT_TIMEOUT_SECONDS, CollectiveTimeout
                                       has_towerlib_collectives)
 
 __all__ = [
-    "DEFAULT_TIMEOUT_SECONDS", "TRANSPORTS", "CollectiveMismatchError",
+    "CollectiveExchange", "EXCHANGE_NAMES", "ExchangeChoice", "GraphExchange",
+    "resolve_exchange", "DEFAULT_TIMEOUT_SECONDS", "TRANSPORTS", "CollectiveMismatchError",
     "CollectiveTimeoutError", "CrossTowerReducer", "PartialFetchError",
     "bounded_session_config", "check_fetches", "explain_collective_errors",
     "has_towerlib_collectives",

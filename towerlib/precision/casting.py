@@ -92,7 +92,8 @@ def check_compute_dtype(name):
         dtype = tf.as_dtype(name)
     if dtype is None or dtype.name not in COMPUTE_DTYPES:
         raise ValueError(
-            f"compute_dtype must be one of {COMPUTE_DTYPES}, got {name!r}. Fix: "
+            f"compute_dtype must be one of {COMPUTE_DTYPES}, got {name!r} (or pass "
+            "towerlib.Float32(), towerlib.BFloat16(), towerlib.Float16()). Fix: "
             "'float32' for full precision; 'bfloat16' on TPUs, GPUs from A100 on "
             "and CPUs (float32's range, no loss scaling needed); 'float16' on GPUs "
             "with float16 tensor cores (V100, T4), with loss scaling "

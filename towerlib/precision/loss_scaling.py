@@ -337,5 +337,5 @@ def make_loss_scale(loss_scale):
         return FixedLossScale(loss_scale)
     raise ValueError(
         f"loss_scale must be None, 'dynamic', a number or a towerlib.precision.loss_scaling."
-        f"LossScale, got {loss_scale!r}. Fix: 'dynamic' with compute_dtype='float16'; "
+        f"LossScale, got {loss_scale!r}. Fix: 'dynamic' with precision='float16'; "
         "None with 'bfloat16' or 'float32', which do not need it.")

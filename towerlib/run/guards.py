@@ -249,9 +249,16 @@ def guard_numerics(optimizer, check_gradients=False):
 
 
 def guards_in(optimizer):
-    """[optimizer] when it is a NumericsGuardOptimizer, else [].
+    """The NumericsGuardOptimizers in `optimizer`: itself, or inside a wrapper.
 
-    build_train_graph records the answer on TrainGraph.numerics_guards, which
-    is how run_training knows to translate the guard's failure.
+    A wrapper (towerlib.cluster's SyncReplicasTowerOptimizer) names the
+    optimizer it wraps `wrapped_optimizer`. build_train_graph records the
+    answer on TrainGraph.numerics_guards, which is how run_training knows to
+    translate the guard's failure.
     """
-    return [optimizer] if isinstance(optimizer, NumericsGuardOptimizer) else []
+    found = []
+    while optimizer is not None:
+        if isinstance(optimizer, NumericsGuardOptimizer):
+            found.append(optimizer)
+        optimizer = getattr(optimizer, "wrapped_optimizer", None)
+    return found

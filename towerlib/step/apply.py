@@ -6,7 +6,7 @@
 
 The chosen batch-norm updates run under control dependencies of the apply
 (seed 000), the weights' moving average after it. With a loss scale
-(compute_dtype='float16') all three sit inside the loss scale's
+(precision='float16') all three sit inside the loss scale's
 apply_or_skip: a step whose gradients overflow leaves the weights, the
 slots, global_step, the moving statistics and the EMA as they were, and
 only the scale changes (towerlib.precision.loss_scaling). Update ops the tower

@@ -1,1 +1,26 @@
-"""towerlib.update."""
+"""How the towers' gradients reach the variables: one small class per way.
+
+    train = towerlib.build_train_graph(model, batch, optimizer,
+                                       update=towerlib.Replicated(pack_bytes=1 << 20))
+
+The package, one job per module:
+
+  base.py              the protocol every update follows (VariableUpdate), written once
+  parameter_server.py  ParameterServer: one copy of every variable, gradients summed there
+  replicated.py        Replicated: a copy per tower, gradients all-reduced
+  copies.py            the replicated copies: names, getters, slots, sync after restore
+  allreduce.py         the gradients' all-reduce: packing, sparse gathers, wire dtype
+  aggregation.py       summing per-tower gradients on a variable's device
+  choose.py            `update=`: an object, or its name for the defaults
+
+Both ways compute the same update, one optimizer step on the mean loss of
+the global batch; they differ in what crosses between devices each step.
+"""
+
+from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
+from towerlib.update.choose import UPDATE_NAMES, resolve_update
+from towerlib.update.parameter_server import ParameterServer
+from towerlib.update.replicated import DEFAULT_PACK_BYTES, Replicated
+
+__all__ = ["CombinedGradients", "DEFAULT_PACK_BYTES", "ParameterServer", "Replicated",
+           "UPDATE_NAMES", "UpdateChoice", "VariableUpdate", "resolve_update"]

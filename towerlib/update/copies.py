@@ -1,6 +1,6 @@
 """Replicated variables: one copy of every variable per tower, on its device.
 
-With ``variable_update='replicated'`` each tower reads and updates its own
+With ``update='replicated'`` each tower reads and updates its own
 copy of every variable, so no weight crosses between devices in a step; only
 the gradients do, summed by an all-reduce (towerlib.update.allreduce).
 
@@ -96,9 +96,9 @@ class VariableCopies:
                 raise ValueError(
                     f"Tower {tower_index} reads variable {original.name}, which "
                     "tower 0 did not create in this build, so it has no per-tower "
-                    "copies. With variable_update='replicated' every variable the "
+                    "copies. With update='replicated' every variable the "
                     "towers use must be created by the tower function (tower 0); "
-                    "create it there, or use variable_update='parameter_server'.")
+                    "create it there, or use update='parameter_server'.")
             if len(known) > tower_index:
                 return known[tower_index]
             copy = self._new_copy(getter, name, tower_index, original,
@@ -189,9 +189,9 @@ class VariableCopies:
                 f"Variable {variable.name} is trained but has no copy in tower "
                 f"{tower_index}: it was created outside the towers (before "
                 "build_train_graph, say) or only read by some towers. With "
-                "variable_update='replicated' every trained variable must be "
+                "update='replicated' every trained variable must be "
                 "created by the tower function; or train it with "
-                "variable_update='parameter_server'.")
+                "update='parameter_server'.")
         return known[tower_index]
 
     def _add(self, name, tower_index, variable):

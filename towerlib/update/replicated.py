@@ -1,83 +1,82 @@
-"""How the towers' gradients reach the variables: one small class per way.
+"""A copy of every variable per tower; the towers' gradients all-reduced.
 
-Both ways compute the same update, one optimizer step on the mean loss of
-the global batch; they differ in what crosses between devices each step
-(bench/traffic.py counts it from the built graph).
+    update = towerlib.Replicated()                         # float32 on the wire
+    update = towerlib.Replicated(pack_bytes=1 << 20, wire_dtype="bfloat16")
+    train = towerlib.build_train_graph(model, batch, optimizer, update=update)
 
-  'parameter_server' (default): one copy of every variable, on the host CPU,
-      spread over the GPUs, or where a device function says. Every tower
-      reads every variable and sends its gradient to the variable's device,
-      where the gradients are summed and applied once.
-  'replicated': every tower holds its own copy of every variable on its own
-      device (towerlib.update.copies). The towers' gradients are summed by
-      an all-reduce (towerlib.update.allreduce, through the same cross-tower exchange
-      as sync batch norm: NCCL between GPUs); each tower applies the summed
-      gradient to its own copy with its own optimizer slots.
+Every tower holds its own copy of every variable on its own device
+(towerlib.update.copies), so no weight crosses between devices in a step.
+The towers' gradients are summed by an all-reduce (towerlib.update.allreduce)
+through the same cross-tower exchange as sync batch norm (NCCL between GPUs),
+and each tower applies the sum to its own copy with its own optimizer slots.
+It computes the parameter server's update; what differs is what crosses
+between devices (bench/traffic.py counts it from the built graph).
 
-    update = make_variable_update("replicated", devices, param_device=None,
-                                  reducer=reducer, gradient_pack_bytes=4 << 20)
-    towers = build_towers(..., param_device=update.param_device,
-                          variable_getter=update.variable_getter)
-    grads = [optimizer.compute_gradients(objective_i,
-                                         update.tower_variables(var_list, i)) ...]
-    pairs, grads_and_vars = update.combine(grads)
-    apply_op = update.apply(optimizer, pairs, global_step)
+`pack_bytes`: dense gradients are packed into all-reduce buffers of at most
+this many bytes (0: one exchange per gradient). `wire_dtype`: None sends the
+float32 gradients as they are; 'bfloat16' or 'float16' sends and sums them
+in that type (half the bytes, sums rounded to it), cast back to float32
+before the update, whatever the compute dtype (Horovod's fp16 compression).
 """
 
+import dataclasses
 import logging
+from typing import Optional
 
 import tensorflow as tf
 
-from towerlib.update import allreduce
 from towerlib.update import aggregation as gradients_lib
+from towerlib.update import allreduce
 from towerlib.update import copies as variable_copies
+from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
 
-__all__ = ["DEFAULT_GRADIENT_PACK_BYTES", "VARIABLE_UPDATES", "ParameterServerUpdate",
-           "ReplicatedUpdate", "make_variable_update"]
+__all__ = ["DEFAULT_PACK_BYTES", "WIRE_DTYPES", "Replicated", "ReplicatedUpdate"]
 
 logger = logging.getLogger("towerlib")
 
-VARIABLE_UPDATES = ("parameter_server", "replicated")
-
 # Dense gradients are packed into all-reduce buffers of at most this size.
-DEFAULT_GRADIENT_PACK_BYTES = 4 << 20
+DEFAULT_PACK_BYTES = 4 << 20
+
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ParameterServerUpdate:
-    """One copy of every variable; gradients summed on each variable's device."""
+@dataclasses.dataclass(frozen=True)
+class Replicated(UpdateChoice):
+    """A copy of the variables per tower, the gradients all-reduced.
 
-    name = "parameter_server"
-    variable_getter = None  # towers reuse tower 0's variables as they are
+    Attributes:
+      pack_bytes: all-reduce buffer size for dense gradients, >= 0 (0: none).
+      wire_dtype: None or 'float32' (as computed), 'bfloat16' or 'float16'.
+    """
 
-    def __init__(self, param_device):
-        self.param_device = "cpu" if param_device is None else param_device
+    pack_bytes: int = DEFAULT_PACK_BYTES
+    wire_dtype: Optional[str] = None
+    name = "replicated"
 
-    def check_towers(self, towers):
-        del towers  # every kind of update op works on shared variables
-
-    def tower_variables(self, var_list, tower_index):
-        del tower_index
-        return var_list
-
-    def combine(self, tower_grads_and_vars):
-        """The summed (gradient, variable) pairs, once: (to apply, to report)."""
-        grads_and_vars = gradients_lib.aggregate_gradients(tower_grads_and_vars)
-        return grads_and_vars, grads_and_vars
-
-    def apply(self, optimizer, pairs, global_step):
-        """One apply op on the shared variables."""
-        return optimizer.apply_gradients(pairs, global_step=global_step)
-
-    def sync_op(self):
-        return None  # one copy: nothing to keep in step
+    def __post_init__(self):
+        if (isinstance(self.pack_bytes, bool) or not isinstance(self.pack_bytes, int)
+                or self.pack_bytes < 0):
+            raise ValueError(f"Replicated(pack_bytes={self.pack_bytes!r}): use a size in "
+                             "bytes >= 0 (0: one all-reduce per gradient).")
+        wire = self.wire_dtype
+        if isinstance(wire, tf.DType):
+            wire = wire.name
+        if wire is not None and wire not in WIRE_DTYPES:
+            raise ValueError(f"Replicated(wire_dtype={self.wire_dtype!r}): use None "
+                             "(float32), 'bfloat16' or 'float16'.")
+        object.__setattr__(self, "wire_dtype", None if wire == "float32" else wire)
 
     @property
-    def copies(self):
-        return {}
+    def exchanges_gradients(self):
+        return True
+
+    def build(self, num_towers, reducer):
+        wire = None if self.wire_dtype is None else tf.as_dtype(self.wire_dtype)
+        return ReplicatedUpdate(num_towers, reducer, self.pack_bytes, wire)
 
 
-class ReplicatedUpdate:
-    """A copy of every variable per tower; gradients all-reduced.
+class ReplicatedUpdate(VariableUpdate):
+    """Replicated's hooks for one build (towerlib.update.base).
 
     Args:
       num_towers: the towers of the build.
@@ -106,12 +105,12 @@ class ReplicatedUpdate:
                 names = ", ".join(sorted(op.name for op in tower.update_ops)[:5])
                 raise ValueError(
                     f"Tower {tower.context.index} put its own ops in UPDATE_OPS "
-                    f"({names}). With variable_update='replicated' each tower has its "
+                    f"({names}). With update='replicated' each tower has its "
                     "own copy of every variable, and such an op would update only "
                     "its tower's copy, so the copies would drift apart. Use towerlib's "
                     "batch norm (towerlib.batch_norm, or "
                     "towerlib.layers.for_tower(ctx).batch_normalization), which updates "
-                    "every copy alike, or variable_update='parameter_server'.")
+                    "every copy alike, or update='parameter_server'.")
 
     def tower_variables(self, var_list, tower_index):
         """Tower `tower_index`'s copies of `var_list` (tower 0's variables)."""
@@ -120,7 +119,7 @@ class ReplicatedUpdate:
         return self._copies.tower_variables(var_list, tower_index)
 
     def combine(self, tower_grads_and_vars):
-        """(every tower's (summed gradient, copy) pairs, tower 0's pairs to report).
+        """Every tower's (summed gradient, own copy) pairs, tower 0's first.
 
         `tower_grads_and_vars` lists the towers of every micro-batch, micro-batch
         major; each tower first sums its own micro-batches, then the towers'
@@ -144,7 +143,7 @@ class ReplicatedUpdate:
                       if gradient is not None]
                      for gradients, grads_and_vars in zip(tower_gradients,
                                                           tower_grads_and_vars)]
-        return [pair for pairs in per_tower for pair in pairs], per_tower[0]
+        return CombinedGradients(per_tower)
 
     def _sum_micro_batches(self, tower_grads_and_vars):
         num_towers = self._copies.num_towers
@@ -179,28 +178,3 @@ class ReplicatedUpdate:
     def copies(self):
         """{tower 0's variable name: [every tower's copy]}, slots included."""
         return {name: self._copies.copies_of(name) for name in self._copies.names}
-
-
-def check_variable_update(variable_update, param_device, gradient_pack_bytes):
-    """Refuses an unknown way, a placement replicated copies cannot have, a bad size."""
-    if variable_update not in VARIABLE_UPDATES:
-        raise ValueError(
-            f"variable_update must be one of {VARIABLE_UPDATES}, got {variable_update!r}.")
-    if variable_update == "replicated" and param_device is not None:
-        raise ValueError(
-            f"variable_update='replicated' puts each tower's copy of the variables on "
-            f"the tower's own device, so param_device={param_device!r} cannot apply; "
-            "leave param_device unset, or use variable_update='parameter_server'.")
-    if (isinstance(gradient_pack_bytes, bool) or not isinstance(gradient_pack_bytes, int)
-            or gradient_pack_bytes < 0):
-        raise ValueError(f"gradient_pack_bytes must be an int >= 0 (0: no packing), "
-                         f"got {gradient_pack_bytes!r}.")
-
-
-def make_variable_update(variable_update, num_towers, param_device, reducer,
-                         gradient_pack_bytes=DEFAULT_GRADIENT_PACK_BYTES, wire_dtype=None):
-    """The update object for `variable_update`, after check_variable_update."""
-    check_variable_update(variable_update, param_device, gradient_pack_bytes)
-    if variable_update == "replicated":
-        return ReplicatedUpdate(num_towers, reducer, gradient_pack_bytes, wire_dtype)
-    return ParameterServerUpdate(param_device)

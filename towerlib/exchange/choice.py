@@ -1,0 +1,92 @@
+"""The `exchange=` option: how towers exchange statistics and gradients.
+
+    exchange = towerlib.GraphExchange()                         # CPU default
+    exchange = towerlib.CollectiveExchange(timeout_seconds=60)  # GPU default (NCCL)
+    train = towerlib.build_train_graph(model, batch, optimizer, bn_mode="sync",
+                                       exchange=exchange)
+
+An exchange happens with bn_mode='sync' or update=Replicated() on more than
+one tower. Left as None, the exchange is collectives (NCCL) when every tower
+is a GPU and graph edges otherwise. 'graph' and 'collective' are shorthands.
+"""
+
+import dataclasses
+from typing import Optional
+
+import tensorflow as tf
+
+from towerlib.exchange.reducer import CrossTowerReducer
+
+__all__ = ["CollectiveExchange", "EXCHANGE_NAMES", "ExchangeChoice", "GraphExchange",
+           "resolve_exchange"]
+
+EXCHANGE_NAMES = ("graph", "collective")
+
+
+class ExchangeChoice:
+    """A transport for the cross-tower exchange; see the subclasses."""
+
+    transport = ""
+    timeout_seconds = None
+
+    def reducer(self, devices) -> CrossTowerReducer:
+        """The build's CrossTowerReducer over the tower `devices`."""
+        return CrossTowerReducer(devices, timeout_seconds=self.timeout_seconds,
+                                 transport=self.transport)
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphExchange(ExchangeChoice):
+    """One hub op per exchange on tower 0's device, fed by graph edges.
+
+    It cannot wait for a tower: fetching one tower's result runs what it
+    needs of the others (towerlib.exchange.graph_hub).
+    """
+
+    transport = "graph"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveExchange(ExchangeChoice):
+    """TensorFlow's collective ops (NCCL between GPUs).
+
+    Attributes:
+      timeout_seconds: None (no per-op timeout), or a number > 0 of seconds
+        after which a collective waiting for a member fails (costly on CPU;
+        towerlib.exchange.CrossTowerReducer).
+    """
+
+    timeout_seconds: Optional[float] = None
+    transport = "collective"
+
+    def __post_init__(self):
+        value = self.timeout_seconds
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0 or value == float("inf")):
+            raise ValueError(
+                f"CollectiveExchange(timeout_seconds={value!r}): use a finite number of "
+                "seconds > 0, or None for no per-op timeout.")
+
+
+def resolve_exchange(exchange, devices=None) -> Optional[ExchangeChoice]:
+    """The ExchangeChoice for `exchange`; None chooses by the tower `devices`.
+
+    Args:
+      exchange: an ExchangeChoice, 'graph', 'collective', or None.
+      devices: the tower device strings (needed only when `exchange` is None).
+    """
+    if isinstance(exchange, ExchangeChoice):
+        return exchange
+    if exchange == "graph":
+        return GraphExchange()
+    if exchange == "collective":
+        return CollectiveExchange()
+    if exchange is None:
+        if devices is None:
+            return None
+        all_gpus = {tf.DeviceSpec.from_string(d).device_type for d in devices} == {"GPU"}
+        return CollectiveExchange() if all_gpus else GraphExchange()
+    raise ValueError(
+        f"exchange={exchange!r}: pass towerlib.GraphExchange() or "
+        f"towerlib.CollectiveExchange(timeout_seconds=...), one of {EXCHANGE_NAMES}, "
+        "or None to choose by device type.")

@@ -1,0 +1,188 @@
+"""Assembling the training step: towers, their weighted objectives, one update.
+
+One step consumes one global batch split over the towers (and, with
+accumulation, over k micro-batches first). Each tower differentiates its own
+term of the objective (towerlib.step.objective) on its own device; the
+variable update sums the towers' gradients (towerlib.update) and applies
+them once, under control dependencies of the chosen batch-norm updates
+(seed 000). Options are objects checked before anything is built
+(towerlib.step.options).
+"""
+
+import tensorflow as tf
+
+from towerlib.batchnorm import foreign as foreign_batch_norm
+from towerlib.precision import casting
+from towerlib.run import guards
+from towerlib.step import accumulation
+from towerlib.step import apply as apply_step
+from towerlib.step import devices as devices_lib
+from towerlib.step import options as options_lib
+from towerlib.step import summaries as summaries_lib
+from towerlib.step import towers as towers_lib
+from towerlib.step.context import TowerRecords
+from towerlib.step.objective import StepObjective
+from towerlib.step.train_graph import TrainGraph
+
+__all__ = ["build_train_graph"]
+
+
+def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=None,
+                      device_type=None, bn_mode="first_tower", update="parameter_server",
+                      precision="float32", exchange=None, accumulation_steps=1,
+                      global_step=None, ema_decay=None, learning_rate=None, var_list=None,
+                      summaries=True, check_isolation=True):
+    """Builds the multi-tower training step.
+
+    Args:
+      tower_fn: a towerlib.TowerModel, or a callable (inputs, ctx) -> loss
+        (float scalar, mean over the tower's own examples) or a dict holding
+        'loss' and other per-tower tensors.
+      inputs: the global batch as a nest of tensors sharing dimension 0
+        (split across towers, unevenly when not divisible), or an input
+        function input_fn(ctx) returning tower ctx.index's own batch.
+      optimizer: a tf.compat.v1.train.Optimizer; it steps once per global batch.
+      num_towers, devices, device_type: the towers: a count (default one per
+        GPU, else 1), explicit device strings, and 'gpu'/'cpu'/None.
+      bn_mode: 'first_tower', 'all_towers' or 'sync' (towerlib.batchnorm).
+      update: towerlib.ParameterServer(device=...) (default) or
+        towerlib.Replicated(pack_bytes=..., wire_dtype=...), or their names.
+      precision: towerlib.Float32() (default), towerlib.BFloat16() or
+        towerlib.Float16(loss_scale=...), or their names.
+      exchange: towerlib.GraphExchange() or towerlib.CollectiveExchange(
+        timeout_seconds=...) for bn_mode='sync' and Replicated; None chooses
+        collectives (NCCL) when every tower is a GPU, graph edges otherwise.
+      accumulation_steps: k >= 1 micro-batches per tower and optimizer step.
+      global_step: a step variable; default get_or_create_global_step().
+      ema_decay: keep an ExponentialMovingAverage of the weights (see ema_restore_map).
+      learning_rate: a tensor or float, only for the 'learning_rate' summary.
+      var_list: the variables to train; default those the towers created.
+      summaries: add the losses, learning rate and tower scalars to SUMMARIES.
+      check_isolation: refuse a tower whose loss reads another tower's examples.
+
+    Returns:
+      A TrainGraph. Its `loss` is the data loss; regularization is in
+      `regularization_loss` (towerlib.step.objective).
+    """
+    options = options_lib.resolve_step_options(
+        optimizer, tower_fn=tower_fn, num_towers=num_towers, devices=devices,
+        device_type=device_type, bn_mode=bn_mode, update=update, precision=precision,
+        exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
+        learning_rate=learning_rate, global_step=global_step, var_list=var_list,
+        summaries=summaries, check_isolation=check_isolation)
+    options.precision.check_optimizer(optimizer)
+    devices = list(options.devices)
+    host = devices_lib.host_cpu(devices[0])
+    reducer = (options.exchange.reducer(devices)
+               if options.exchange is not None and len(devices) > 1 else None)
+    variables = options.update.build(len(devices), reducer)
+    global_step = _global_step_for(global_step, variables.param_device, host)
+    with tf.device(host):
+        loss_scale = options.precision.make_loss_scale()
+    tower_fn = casting.compute_in(tower_fn, options.precision.compute_dtype)
+    micro_inputs, global_examples = accumulation.micro_batches(
+        inputs, options.accumulation_steps, devices, bn_mode, host)
+
+    objective = StepObjective(global_examples)
+    records = TowerRecords(len(devices))
+    trainable_before = set(tf.compat.v1.trainable_variables())
+    tower_grads_and_vars = []
+    for micro_batch, micro_batch_inputs in enumerate(micro_inputs):
+        regularization_before = objective.regularization_before()
+        previous_gradients = [g for pairs in tower_grads_and_vars for g, _ in pairs
+                              if g is not None]
+        with accumulation.micro_batch_scope(micro_batch, options.accumulation_steps):
+            towers, records = towers_lib.build_towers(
+                tower_fn, accumulation.after(micro_batch_inputs, previous_gradients, host),
+                devices=devices, is_training=True, bn_mode=bn_mode,
+                param_device=variables.param_device, records=records,
+                cross_tower=reducer, check_isolation=check_isolation,
+                variable_getter=variables.variable_getter,
+                reuse_variables=micro_batch > 0, micro_batch=micro_batch)
+        _check_built_towers(towers, bn_mode, variables, reducer, records)
+        var_list = _trained_variables(var_list, trainable_before)
+        towers, tower_objectives = objective.add_micro_batch(towers, regularization_before)
+        for tower, tower_objective in zip(towers, tower_objectives):
+            with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
+                if loss_scale is not None:
+                    tower_objective = loss_scale.scale(tower_objective)
+                tower_grads_and_vars.append(optimizer.compute_gradients(
+                    tower_objective,
+                    var_list=variables.tower_variables(var_list, tower.context.index),
+                    colocate_gradients_with_ops=True))
+
+    _check_exchanges(reducer)  # the backward exchanges
+    combined = variables.combine(tower_grads_and_vars)
+    _check_exchanges(reducer)  # and the gradients' all-reduce
+    if loss_scale is not None:
+        combined = combined.map_pairs(loss_scale.unscale)
+    with tf.device(host), tf.name_scope("losses"):
+        losses = objective.losses()
+        tower_losses, tower_shares, tower_outputs, contexts = accumulation.per_tower(
+            objective.towers, objective.shares, len(devices))
+    train_op, update_ops, ema = apply_step.build_apply(
+        optimizer, variables, combined.apply_pairs, objective.towers, records, bn_mode,
+        global_step, ema_decay=ema_decay, var_list=var_list, loss_scale=loss_scale,
+        losses=[t.loss for t in objective.towers])
+    scalars = (_add_summaries(records, objective, losses, learning_rate, host)
+               if summaries else {})
+    return TrainGraph(
+        train_op=train_op, loss=losses.loss, total_loss=losses.total_loss,
+        regularization_loss=losses.regularization_loss, tower_losses=tower_losses,
+        tower_shares=tower_shares, tower_outputs=tower_outputs, global_step=global_step,
+        grads_and_vars=combined.reported, update_ops=update_ops,
+        ema=ema or getattr(optimizer, "variable_averages", None),
+        devices=devices, contexts=contexts, scalars=scalars,
+        numerics_guards=tuple(guards.guards_in(optimizer)),
+        variable_update=variables.name, variable_copies=variables.copies,
+        sync_copies_op=variables.sync_op(), loss_scale=loss_scale)
+
+
+def _global_step_for(global_step, param_device, host):
+    if global_step is not None:
+        return global_step
+    if callable(param_device):
+        with tf.compat.v1.device(param_device):
+            return tf.compat.v1.train.get_or_create_global_step()
+    with tf.device(host):
+        return tf.compat.v1.train.get_or_create_global_step()
+
+
+def _check_exchanges(reducer):
+    # A tower that made fewer exchanges fails here, at build time, not as an
+    # exchange waiting for it at run time.
+    if reducer is not None:
+        reducer.check_consistent()
+
+
+def _check_built_towers(towers, bn_mode, variables, reducer, records):
+    """The build-time checks of one micro-batch's towers, before any gradient."""
+    foreign_batch_norm.check_towers(towers, bn_mode)
+    variables.check_towers(towers)
+    _check_exchanges(reducer)
+    records.check_batch_norm_in_every_tower()
+
+
+def _trained_variables(var_list, trainable_before):
+    """`var_list`, or the trainable variables the towers created (else all)."""
+    if var_list is None:
+        trainable = tf.compat.v1.trainable_variables()
+        var_list = [v for v in trainable if v not in trainable_before] or trainable
+    if not var_list:
+        raise ValueError("There are no trainable variables: the tower function "
+                         "created none and none existed before.")
+    return var_list
+
+
+def _add_summaries(records, objective, losses, learning_rate, host):
+    """The merged tower scalars (by name) and the losses' summaries."""
+    with tf.device(host):
+        scalars = summaries_lib.merge_tower_scalars(records, {
+            (t.context.micro_batch, t.context.index): share
+            for t, share in zip(objective.towers, objective.shares)})
+        summaries_lib.scalar_summary("loss", losses.loss)
+        summaries_lib.scalar_summary("total_loss", losses.total_loss)
+        summaries_lib.scalar_summary("regularization_loss", losses.regularization_loss)
+        if learning_rate is not None:
+            summaries_lib.scalar_summary("learning_rate", learning_rate)
+    return scalars

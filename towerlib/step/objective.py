@@ -1,0 +1,147 @@
+"""The objective one optimizer step minimizes, built micro-batch by micro-batch.
+
+For a global batch of B examples over N towers and k micro-batches, where
+tower i of micro-batch j sees n_ji examples and returns loss_ji (its mean):
+
+    objective = sum_ji (n_ji / B) * loss_ji          the mean loss over all B
+              + sum_ji (n_ji / B) * activity_ji      a tower's own terms, weighted
+              + weight_regularization                once, in tower 0 of micro-batch 0
+
+so every tower differentiates only its own term `tower_objective_ji`, and the
+sum of the towers' gradients is one device's gradient on the whole batch.
+
+Where the regularization comes from (towerlib.step.loss_terms has the rules):
+a weight's REGULARIZATION_LOSSES term is created once, with the weight, in
+micro-batch 0 and outside every tower's name scope; an activity term exists
+once per tower, inside its name scope; the TF 1 tutorial's weight decay is a
+summand of the tower's returned loss taken from the 'losses' collection.
+
+    objective = StepObjective(num_towers=2, global_examples=None)
+    for j, towers in enumerate(micro_batches):        # each: build the towers...
+        before = objective.regularization_before()    # ...after this snapshot
+        towers = build(...)
+        towers, terms = objective.add_micro_batch(towers, before)
+        # terms[i]: tower i's float32 scalar objective for micro-batch j
+    losses = objective.losses(host_device)            # loss, regularization, total
+"""
+
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from towerlib.step import loss_terms
+
+__all__ = ["StepLosses", "StepObjective", "split_regularization", "tower_shares"]
+
+
+def tower_shares(towers, global_examples: Optional[tf.Tensor] = None) -> List[tf.Tensor]:
+    """n_i / B per tower (float32 scalars).
+
+    B is `global_examples` with accumulation (every micro-batch's examples),
+    else the sum of these towers' batch sizes.
+    """
+    counts = [tf.cast(t.context.batch_size, tf.float32) for t in towers]
+    if global_examples is not None:
+        return [count / global_examples for count in counts]
+    with tf.name_scope("tower_shares"):
+        total = tf.add_n(counts)
+        return [count / total for count in counts]
+
+
+def split_regularization(terms, towers):
+    """(shared terms, per-tower terms) of a micro-batch's new regularization losses.
+
+    A term in tower i's name scope is that tower's own (an activity term,
+    weighted by the tower's share so its strength does not grow with the
+    tower count); any other term belongs to a weight and counts once.
+    """
+    tower_terms = [[t for t in terms if t.name.startswith(tower.context.name_scope)]
+                   for tower in towers]
+    in_towers = {id(t) for own in tower_terms for t in own}
+    return [t for t in terms if id(t) not in in_towers], tower_terms
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLosses:
+    """The step's reported losses (float32 scalars on the host).
+
+    Attributes:
+      loss: the mean data loss over the global batch.
+      regularization_loss: every regularization term, once (0 when none).
+      total_loss: loss + regularization_loss, what the step minimizes.
+    """
+
+    loss: tf.Tensor
+    regularization_loss: tf.Tensor
+    total_loss: tf.Tensor
+
+
+class StepObjective:
+    """Collects the towers of every micro-batch and their weighted objectives.
+
+    Args:
+      global_examples: B as a float32 scalar when there are several
+        micro-batches (each micro-batch's shares are then of the whole
+        global batch), or None (one micro-batch: B is its towers' total).
+    """
+
+    def __init__(self, global_examples: Optional[tf.Tensor] = None):
+        self._global_examples = global_examples
+        self._weight_terms = None            # counted once, from micro-batch 0
+        self._first_terms = []               # micro-batch 0's new collection terms
+        self._weighted_activity = []
+        self.towers = []                     # every micro-batch's towers, micro-batch major
+        self.shares = []                     # n_ji / B, in the same order
+
+    @staticmethod
+    def regularization_before():
+        """A snapshot of REGULARIZATION_LOSSES, taken before a micro-batch is built."""
+        return list(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES))
+
+    def add_micro_batch(self, towers, regularization_before):
+        """(towers with their data loss, each tower's objective term).
+
+        Args:
+          towers: the towers of one micro-batch, tower 0 first.
+          regularization_before: regularization_before() taken before they were built.
+
+        Returns:
+          The towers (a loss holding regularization from the 'losses'
+          collection replaced by its data summands) and, per tower, its
+          float32 scalar objective, built in its name scope and on its device.
+        """
+        first = self._weight_terms is None
+        seen = {id(t) for t in regularization_before}
+        new_terms = [t for t in tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES) if id(t) not in seen]
+        shares = tower_shares(towers, self._global_examples)
+        shared_terms, activity_terms = split_regularization(new_terms, towers)
+        # Later micro-batches may reevaluate micro-batch 0's weight terms.
+        counted = new_terms if first else self._first_terms + new_terms
+        towers, collection_terms = loss_terms.separate_regularization(towers, counted)
+        if first:
+            self._first_terms = new_terms
+            self._weight_terms = shared_terms + collection_terms
+        objectives = []
+        for tower, share, own_terms in zip(towers, shares, activity_terms):
+            with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
+                objective = share * tower.loss
+                if own_terms:
+                    self._weighted_activity.append(share * tf.add_n(own_terms))
+                    objective += self._weighted_activity[-1]
+                if first and tower.context.is_first and self._weight_terms:
+                    objective += tf.add_n(self._weight_terms, name="regularization")
+                objectives.append(objective)
+        self.towers.extend(towers)
+        self.shares.extend(shares)
+        return towers, objectives
+
+    def losses(self) -> StepLosses:
+        """The step's losses, built in the current device and name scope."""
+        loss = tf.add_n([s * t.loss for s, t in zip(self.shares, self.towers)], name="loss")
+        terms = (self._weight_terms or []) + self._weighted_activity
+        regularization = (tf.add_n(terms, name="regularization_loss") if terms
+                          else tf.constant(0.0, name="regularization_loss"))
+        return StepLosses(loss, regularization,
+                          tf.add(loss, regularization, name="total_loss"))

@@ -1,0 +1,155 @@
+"""The training step's options, each checked by one function, resolved in one place.
+
+`build_train_graph` calls `resolve_step_options` first, so a bad option is
+refused (one clear error naming it and the fix) before anything is built.
+`towerlib.validate_config` calls the same functions, through `OPTION_CHECKS`,
+to list every problem of a configuration at once: a rule is written once.
+
+    options = resolve_step_options(optimizer, num_towers=4, update="replicated",
+                                   precision=towerlib.BFloat16(), bn_mode="sync")
+    options.update        # Replicated(pack_bytes=4194304, wire_dtype=None)
+    options.exchange      # GraphExchange() on CPU towers, CollectiveExchange() on GPUs
+"""
+
+import dataclasses
+import numbers
+import types
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
+from towerlib.precision.policy import Precision, resolve_precision
+from towerlib.step import accumulation
+from towerlib.step import towers as towers_lib
+from towerlib.step.context import check_bn_mode
+from towerlib.update.base import UpdateChoice
+from towerlib.update.choose import resolve_update
+
+__all__ = ["OPTION_CHECKS", "StepOptions", "check_ema_decay", "check_optimizer",
+           "resolve_step_options"]
+
+
+def check_optimizer(optimizer):
+    """Refuses anything but a tf.compat.v1.train.Optimizer."""
+    if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise TypeError(
+            f"optimizer must be a tf.compat.v1.train.Optimizer (e.g. "
+            f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
+            "Keras optimizers do not run in graph-mode towers.")
+
+
+def check_ema_decay(ema_decay):
+    """Refuses a decay outside (0, 1); None means no moving average."""
+    if ema_decay is not None and not (
+            isinstance(ema_decay, numbers.Real) and not isinstance(ema_decay, bool)
+            and 0.0 < ema_decay < 1.0):
+        raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay!r}.")
+
+
+def _check_bool(name):
+    def check(value):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}.")
+    return check
+
+
+def _check_tower_fn(tower_fn):
+    if not callable(tower_fn):
+        raise TypeError(f"tower_fn must be a towerlib.TowerModel or a callable "
+                        f"(inputs, ctx) -> loss, got {type(tower_fn).__name__}.")
+
+
+def _check_learning_rate(learning_rate):
+    if isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool) \
+            and not (0 < learning_rate < float("inf")):
+        raise ValueError(f"learning_rate must be a positive finite number, got "
+                         f"{learning_rate!r}.")
+
+
+def _check_global_step(global_step):
+    if global_step is not None and not (
+            isinstance(global_step, (tf.Variable, tf.Tensor))
+            or hasattr(global_step, "assign_add")):
+        raise TypeError(f"global_step must be a step variable or None (get_or_create_"
+                        f"global_step()), got {type(global_step).__name__}.")
+
+
+def _check_var_list(var_list):
+    if var_list is not None and (isinstance(var_list, (str, bytes))
+                                 or not hasattr(var_list, "__iter__")):
+        raise TypeError(f"var_list must be a list of variables or None (the variables "
+                        f"the towers create), got {type(var_list).__name__}.")
+
+
+# Option name -> the function that checks it (raising ValueError or TypeError
+# naming the option and the fix). Options checked together (the tower count
+# and devices; whether an exchange applies) are in resolve_step_options.
+OPTION_CHECKS = types.MappingProxyType({
+    "tower_fn": _check_tower_fn,
+    "optimizer": check_optimizer,
+    "bn_mode": check_bn_mode,
+    "update": resolve_update,
+    "precision": resolve_precision,
+    "exchange": resolve_exchange,
+    "accumulation_steps": accumulation.check_accumulation_steps,
+    "ema_decay": check_ema_decay,
+    "learning_rate": _check_learning_rate,
+    "global_step": _check_global_step,
+    "var_list": _check_var_list,
+    "summaries": _check_bool("summaries"),
+    "check_isolation": _check_bool("check_isolation"),
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+    """Every option of a build, checked and resolved to its object.
+
+    Attributes:
+      devices: the tower device strings, tower 0 first.
+      update, precision: the UpdateChoice and Precision.
+      exchange: the ExchangeChoice when towers exchange anything, else None.
+      bn_mode, accumulation_steps, ema_decay: as given, checked.
+    """
+
+    devices: Tuple[str, ...]
+    bn_mode: str
+    update: UpdateChoice
+    precision: Precision
+    exchange: Optional[ExchangeChoice]
+    accumulation_steps: int
+    ema_decay: Optional[float]
+
+
+def _check_exchange_applies(exchange, bn_mode, update):
+    if exchange is not None and bn_mode != "sync" and not update.exchanges_gradients:
+        raise ValueError(
+            f"exchange={exchange!r} has no effect: with bn_mode={bn_mode!r} and "
+            f"update={update!r} nothing crosses between the towers. Drop exchange, "
+            "or use bn_mode='sync' or update=towerlib.Replicated().")
+
+
+def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=None,
+                         device_type=None, bn_mode="first_tower",
+                         update="parameter_server", precision="float32", exchange=None,
+                         accumulation_steps=1, ema_decay=None, learning_rate=None,
+                         global_step=None, var_list=None, summaries=True,
+                         check_isolation=True) -> StepOptions:
+    """Checks every build option (the first bad one raises) and resolves them."""
+    given = dict(tower_fn=tower_fn, optimizer=optimizer, bn_mode=bn_mode, update=update,
+                 precision=precision, exchange=exchange,
+                 accumulation_steps=accumulation_steps, ema_decay=ema_decay,
+                 learning_rate=learning_rate, global_step=global_step,
+                 var_list=var_list, summaries=summaries, check_isolation=check_isolation)
+    resolved = {name: OPTION_CHECKS[name](value) for name, value in given.items()
+                if not (name == "tower_fn" and value is None)}
+    update = resolved["update"]
+    _check_exchange_applies(resolved["exchange"], bn_mode, update)
+    devices = towers_lib.resolve_devices(num_towers, devices, device_type)
+    needs_exchange = bn_mode == "sync" or update.exchanges_gradients
+    return StepOptions(
+        devices=tuple(devices), bn_mode=bn_mode, update=update,
+        precision=resolved["precision"],
+        exchange=resolve_exchange(exchange, devices) if needs_exchange else None,
+        accumulation_steps=resolved["accumulation_steps"], ema_decay=ema_decay)

@@ -1,0 +1,70 @@
+"""One copy of every variable; the towers' gradients summed where it lives.
+
+    update = towerlib.ParameterServer()                # variables on the host CPU
+    update = towerlib.ParameterServer(device="gpu")    # spread over the tower GPUs
+    train = towerlib.build_train_graph(model, batch, optimizer, update=update)
+
+Every tower reads every variable and sends its gradient to the variable's
+device, where the towers' gradients are summed (towerlib.update.aggregation)
+and applied once. `device` is 'cpu' (all variables on the towers' host CPU),
+'gpu' (spread over the tower GPUs by byte size, in creation order) or a device
+function (e.g. a cluster's ps placer).
+"""
+
+import dataclasses
+from typing import Any, Callable, Union
+
+from towerlib.step import devices as devices_lib
+from towerlib.update import aggregation
+from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
+
+__all__ = ["ParameterServer", "ParameterServerUpdate"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterServer(UpdateChoice):
+    """Variables in one place; gradients summed there, applied once.
+
+    Attributes:
+      device: 'cpu', 'gpu', or a device function taking an op.
+    """
+
+    device: Union[str, Callable[[Any], str]] = "cpu"
+    name = "parameter_server"
+
+    def __post_init__(self):
+        if callable(self.device):
+            return
+        if not isinstance(self.device, str) or self.device.lower() not in devices_lib.PARAM_DEVICES:
+            raise ValueError(
+                f"ParameterServer(device={self.device!r}): use 'cpu' (variables on the "
+                "host CPU), 'gpu' (spread over the tower GPUs by size) or a device "
+                "function.")
+        object.__setattr__(self, "device", self.device.lower())
+
+    @property
+    def exchanges_gradients(self):
+        return False
+
+    def build(self, num_towers, reducer):
+        del num_towers, reducer  # the gradients meet on the variables' devices
+        return ParameterServerUpdate(self.device)
+
+
+class ParameterServerUpdate(VariableUpdate):
+    """The parameter server's hooks for one build (towerlib.update.base)."""
+
+    name = "parameter_server"
+
+    def __init__(self, param_device):
+        self.param_device = param_device
+
+    def tower_variables(self, var_list, tower_index):
+        del tower_index
+        return var_list
+
+    def combine(self, tower_grads_and_vars):
+        return CombinedGradients([aggregation.aggregate_gradients(tower_grads_and_vars)])
+
+    def apply(self, optimizer, pairs, global_step):
+        return optimizer.apply_gradients(pairs, global_step=global_step)
