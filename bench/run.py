@@ -12,7 +12,7 @@ peak memory and the machine it ran on. Without GPUs the towers are virtual
 CPU devices; with GPUs the same command measures 1..N GPU scaling.
 
 --smoke runs a couple of tiny steps per configuration, to check that the
-benchmark still works (tests/test_bench_smoke.py); its numbers mean nothing.
+benchmark still works (tests/bench/test_bench_smoke.py); its numbers mean nothing.
 """
 
 import json

@@ -350,7 +350,7 @@ def device_traffic(train_op, default_device: Optional[str] = None
     NCCL instead: no weight crosses; the two gradients, packed into one
     72-byte buffer, are all-reduced: 2 (2 - 1) / 2 x 72 = 72 bytes sent and
     received by each GPU, on top of the 128 input bytes each receives from
-    the CPU. tests/test_traffic.py checks exactly these numbers.
+    the CPU. tests/bench/test_traffic.py checks exactly these numbers.
     """
     return count_traffic(train_op, default_device).per_device()
 

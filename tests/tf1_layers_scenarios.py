@@ -2,7 +2,7 @@
 
 `tf.compat.v1.layers` exists only with tf_keras installed and
 TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported; the test suite has
-imported TensorFlow by then, so tests/test_tf1_batch_norm.py runs this file
+imported TensorFlow by then, so tests/batchnorm/test_tf1_batch_norm.py runs this file
 with `python -m tests.tf1_layers_scenarios` and reads the one JSON line it
 prints: {scenario: result}, or {"skip": reason} when tf_keras is missing.
 A scenario that raises reports {"error": traceback} instead of a result.

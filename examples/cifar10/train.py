@@ -98,7 +98,7 @@ def build_training(plan: TrainPlan):
     if config.seed is not None:
         # Graph seed, Python and NumPy: with the seeded, order-keeping input pipeline a
         # run repeats bit for bit on CPU (TF's op determinism is not needed there:
-        # tests/test_cifar10_exact_runs.py).
+        # tests/examples/test_cifar10_exact_runs.py).
         towerlib.seed_everything(config.seed)
     global_step, (images, labels), learning_rate, optimizer = _inputs_and_optimizer(plan)
     train_graph = towerlib.build_train_graph(

@@ -40,8 +40,8 @@ def traced_step(**options):
 BUILDS = {
     "all_towers": dict(bn_mode="all_towers"),
     "sync": dict(bn_mode="sync"),
-    "sync_collective": dict(bn_mode="sync", sync_transport="collective"),
-    "replicated": dict(bn_mode="all_towers", variable_update="replicated"),
+    "sync_collective": dict(bn_mode="sync", exchange="collective"),
+    "replicated": dict(bn_mode="all_towers", update="replicated"),
 }
 
 

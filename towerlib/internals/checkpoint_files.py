@@ -10,7 +10,7 @@ TensorFlow picks, which towerlib removes on the next start. As of TF 2.21:
   * '<name>.tmp<32 hex digits>': Python's atomic_write_string_to_file, used
     for the 'checkpoint' state file.
 
-tests/test_internals.py makes TensorFlow leave each of them and fails by
+tests/internals/test_internals.py makes TensorFlow leave each of them and fails by
 name if a release changes one.
 """
 

@@ -3,8 +3,8 @@
 Some failures reach Python only as an OpError whose class is too broad to
 act on (DeadlineExceededError for both a collective's own timeout and a run
 deadline; ValueError for a variable that does not exist). The texts matched
-here are TensorFlow's, from TF 2.21; tests/test_internals.py and
-tests/test_tower_batch_errors.py provoke each one and fail by name if a
+here are TensorFlow's, from TF 2.21; tests/internals/test_internals.py and
+tests/step/test_tower_batch_errors.py provoke each one and fail by name if a
 release rewords it.
 """
 
@@ -46,7 +46,7 @@ def is_shape_mismatch(error: Exception) -> bool:
 
     Covers sparse_softmax_cross_entropy_with_logits' labels/logits check, the
     shape inference of binary ops, concat and reshape, and the compatibility
-    check of tf.compat.v1.losses (tests/test_tower_batch_errors.py provokes
+    check of tf.compat.v1.losses (tests/step/test_tower_batch_errors.py provokes
     each). towerlib adds an explanation when the numbers are the per-tower
     and global batch sizes.
     """

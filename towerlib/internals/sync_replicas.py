@@ -3,7 +3,7 @@
 `SyncReplicasTowerOptimizer` subclasses the stock optimizer and replaces its
 queue-runner thread and its session hook; for that it reaches into state the
 stock class keeps to itself. Every such reach is one function here, checked
-against a real optimizer by tests/test_internals_sync_replicas.py.
+against a real optimizer by tests/internals/test_internals_sync_replicas.py.
 """
 
 

@@ -5,7 +5,7 @@ any op is created, every random op (initializers, dropout, shuffles) gets an
 op seed derived from the graph seed and the op's creation order, so the
 same program builds the same random streams. On CPU, with the same devices
 and tower count, two runs then give the same losses step for step (tested:
-tests/test_faults_determinism.py and the kill/resume test, which compares
+tests/run/test_faults_determinism.py and the kill/resume test, which compares
 final weights bit for bit). What it does not cover, notably on GPUs, is in
 docs/faults.md ("Determinism").
 """

@@ -17,7 +17,7 @@ from examples.cifar10 import config as config_lib
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import generate, quiet_tensorflow, train
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_EXAMPLES = 20
 EVAL_BATCH = 8
 TRAINED_TOWERS = 2

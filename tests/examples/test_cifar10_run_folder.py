@@ -17,7 +17,7 @@ from examples.cifar10 import default_dirs, eval as eval_lib, export as export_li
 from examples.cifar10 import generate, run_errors, train
 from towerlib.run import checkpoints
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

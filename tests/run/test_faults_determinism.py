@@ -2,7 +2,7 @@
 
 Random initializers, dropout in every tower and a shuffled input pipeline
 all draw from op seeds derived from the graph seed. (Across processes, with
-a resume in between, tests/test_faults_kill.py compares final weights bit
+a resume in between, tests/run/test_faults_kill.py compares final weights bit
 for bit.)
 """
 

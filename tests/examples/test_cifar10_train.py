@@ -16,7 +16,7 @@ from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, eval as eval_lib, main, train
 from tests import helpers
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT_RUN_STEPS = 120
 
 

@@ -522,7 +522,7 @@ _PARTIAL_FETCH_SCRIPT = textwrap.dedent("""
                                      bounded_session_config,
                                      explain_collective_errors)
     from tests.helpers import cpu_devices, image_batch
-    from tests.test_sync_batch_norm import conv_dense_model
+    from tests.batchnorm.test_sync_batch_norm import conv_dense_model
     with tf.Graph().as_default():
       data = image_batch(8)
       train = towerlib.build_train_graph(

@@ -19,7 +19,7 @@ import pytest
 
 from bench import configs, coordinator, measure, report
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE_TOWERS = 2
 SMOKE_MODEL = "convnet"
 

@@ -21,12 +21,12 @@ from examples.cifar10 import data_source
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
 from examples.cifar10 import main, train
-from tests.test_cifar10_train import short_run_config
+from tests.examples.test_cifar10_train import short_run_config
 from towerlib import cluster as cluster_lib
 from towerlib.update import copies as variable_copies
 from towerlib.update.replicated import DEFAULT_PACK_BYTES as DEFAULT_GRADIENT_PACK_BYTES
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPLICATED_STEPS = 20
 
 

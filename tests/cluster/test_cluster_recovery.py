@@ -1,7 +1,7 @@
 """The pieces that let a replica survive a lost ps task, in one process, without a cluster.
 
 The whole story with real processes (a ps killed and restarted, a ps gone
-for good) is tests/test_distributed_ps_faults.py.
+for good) is tests/cluster/test_distributed_ps_faults.py.
 """
 
 import socket

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 VARIANTS = ["parameter_server", "replicated/graph", "replicated/graph/unpacked",
             "replicated/collective"]
 

@@ -13,9 +13,9 @@ import pytest
 from examples.cifar10 import config as config_lib
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import generate, main, train
-from tests.test_cifar10_train import SHORT_RUN_STEPS, short_run_config
+from tests.examples.test_cifar10_train import SHORT_RUN_STEPS, short_run_config
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _config(tmp_path, **overrides):
