@@ -80,18 +80,18 @@ def test_untraced_runs_ask_for_global_step_and_nothing_else(tmp_path):
 
 
 def test_in_run_training_the_traced_steps_are_the_logged_ones(tmp_path, caplog):
+    """run_training(trace_steps=...) adds the hook; only those steps are traced."""
     train_dir = tmp_path / "train"
     with tf.Graph().as_default():
         train = tiny_train_graph()
-        hook = trace.TraceHook(steps=[1, 3], output_dir=train_dir,
-                               global_step=train.global_step, tower_devices=train.devices)
         with caplog.at_level(logging.INFO, logger="towerlib"):
             result = towerlib.run_training(
-                train, train_dir=str(train_dir), max_steps=4, hooks=[hook],
+                train, train_dir=str(train_dir), max_steps=4, trace_steps=[1, 3],
                 session_config=towerlib.session_config(2), log_every_n_steps=1,
                 save_summaries_steps=None)
     assert result.global_step == 4
-    assert sorted(hook.profiles) == [1, 3]
+    assert sorted(p.name for p in (train_dir / "traces").glob("*.json")) == [
+        "trace_step_1.json", "trace_step_3.json"]
     events = EventAccumulator(str(train_dir))
     events.Reload()
     assert sorted(events.Tags()["run_metadata"]) == ["step_1", "step_3"]

@@ -9,15 +9,15 @@ count, batch sizes, devices, modes, paths), before building the graph.
 """
 
 import dataclasses
-import math
 import numbers
-import os
-import uuid
 
 import tensorflow as tf
 
+from towerlib.checks import loop_options
+from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
-from towerlib.step.context import BN_MODES
+from towerlib.step import options as step_options
+from towerlib.update import choose as update_choose
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,8 @@ class ConfigProblem:
     fix: str
 
     def __str__(self):
-        return f"{self.option}: {self.problem} Fix: {self.fix}"
+        # A problem reported by an option's own check already names the fix.
+        return f"{self.option}: {self.problem}" + (f" Fix: {self.fix}" if self.fix else "")
 
 
 class ConfigError(ValueError):
@@ -167,85 +168,6 @@ def _check_batch(check, towers, global_batch_size, per_tower_batch_size,
                       "pass the global batch size as examples_per_step.")
 
 
-def _nearest_existing(path):
-    path = os.path.abspath(path)
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
-
-
-def _check_train_dir(check, train_dir, probe_writes):
-    if train_dir is None:
-        return
-    if not isinstance(train_dir, (str, os.PathLike)) or not str(train_dir):
-        check.add("train_dir", f"must be a non-empty path, got {train_dir!r}.",
-                  "give a directory for checkpoints and summaries.")
-        return
-    train_dir = os.fspath(train_dir)
-    if "://" in train_dir:
-        return  # remote file system: writability shows at the first save
-    if os.path.exists(train_dir) and not os.path.isdir(train_dir):
-        check.add("train_dir", f"{train_dir} exists and is not a directory.",
-                  "pass a directory path, or move the file away.")
-        return
-    existing = _nearest_existing(train_dir)
-    if not os.path.isdir(existing):
-        check.add("train_dir", f"{train_dir} cannot be created: {existing} is a file.",
-                  "choose a path whose parents are directories.")
-        return
-    if not probe_writes:
-        return
-    # Permission bits do not tell (root, read-only mounts, full disks): try.
-    probe = os.path.join(existing, f".towerlib-write-test-{uuid.uuid4().hex}")
-    try:
-        if existing != os.path.abspath(train_dir):
-            os.mkdir(probe)
-            os.rmdir(probe)
-        else:
-            with open(probe, "w", encoding="utf-8") as handle:
-                handle.write("ok")
-            os.remove(probe)
-    except OSError as error:
-        what = ("is not writable" if existing == os.path.abspath(train_dir)
-                else f"cannot be created: {existing} is not writable")
-        check.add("train_dir", f"{train_dir} {what} ({error.strerror}).",
-                  "choose a writable location, or fix its permissions or free space.")
-
-
-def _check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
-                         save_summaries_steps, log_every_n_steps, max_checkpoints_to_keep,
-                         master, is_chief):
-    if max_steps is not None and (not _is_int(max_steps) or max_steps < 0):
-        check.add("max_steps", f"must be an int >= 0, got {max_steps!r}.",
-                  "give the global step to stop at (not a count of new steps).")
-    if save_checkpoint_steps is not None and save_checkpoint_secs is not None:
-        check.add("save_checkpoint_steps/save_checkpoint_secs",
-                  f"both are set ({save_checkpoint_steps} steps, "
-                  f"{save_checkpoint_secs} secs).",
-                  "give only one of them.")
-    check.positive_int("save_checkpoint_steps", save_checkpoint_steps,
-                       "checkpoint every N >= 1 steps (a final one is always written).")
-    if save_checkpoint_secs is not None and (
-            not _is_number(save_checkpoint_secs) or not save_checkpoint_secs > 0
-            or not math.isfinite(save_checkpoint_secs)):
-        check.add("save_checkpoint_secs",
-                  f"must be a positive number of seconds, got {save_checkpoint_secs!r}.",
-                  "e.g. 600 for every ten minutes.")
-    check.positive_int("save_summaries_steps", save_summaries_steps,
-                       "write summaries every N >= 1 steps, or pass None for none.")
-    check.positive_int("log_every_n_steps", log_every_n_steps,
-                       "log every N >= 1 steps.")
-    check.positive_int("max_checkpoints_to_keep", max_checkpoints_to_keep,
-                       "keep at least the newest checkpoint (1), e.g. 5.")
-    if not is_chief and not master:
-        check.add("is_chief", "is False but master is empty (a local session).",
-                  "a non-chief worker waits for a chief on a cluster: pass master="
-                  "'grpc://...' of this worker, or is_chief=True for local training.")
-
-
 _REQUIRED_FIXES = {
     "train_dir": "give a directory for checkpoints and summaries.",
     "max_steps": "give the global step to stop at.",
@@ -254,32 +176,39 @@ _REQUIRED_FIXES = {
 }
 
 
-def validate_config(*, num_towers=None, devices=None, device_type=None,
+def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=None,
+                    devices=None, device_type=None, bn_mode=None, update=None,
+                    precision=None, exchange=None, accumulation_steps=None,
+                    global_step=None, ema_decay=None, learning_rate=None, var_list=None,
+                    summaries=None, check_isolation=None,
                     global_batch_size=None, per_tower_batch_size=None,
-                    bn_mode=None, param_device=None, ema_decay=None,
-                    learning_rate=None, train_dir=None, max_steps=None,
+                    train_dir=None, max_steps=None,
                     save_checkpoint_steps=None, save_checkpoint_secs=None,
                     save_summaries_steps=None, log_every_n_steps=None,
                     examples_per_step=None, max_checkpoints_to_keep=None,
-                    master="", is_chief=True, session_config=None,
+                    trace_steps=None, master="", is_chief=True, session_config=None,
                     probe_writes=True, required=()):
     """Checks every given option and raises one ConfigError listing all problems.
 
-    Options left as None are not checked. Nothing is built or left behind:
-    `train_dir` (or, when it does not exist yet, its nearest existing parent)
-    is probed by creating and deleting a temporary file (directory), since
-    permission bits do not tell, e.g. for root or on a read-only or full
-    file system.
+    Options left as None are not checked. The options of build_train_graph
+    go through the same checks it runs itself (towerlib.step.options), so a
+    script can check a whole configuration first and get every problem at
+    once. Nothing is built or left behind: `train_dir` (or, when it does not
+    exist yet, its nearest existing parent) is probed by creating and
+    deleting a temporary file (directory), since permission bits do not
+    tell, e.g. for root or on a read-only or full file system.
 
     Args:
-      num_towers, devices, device_type: as for build_train_graph / tower_devices.
+      tower_fn, inputs, optimizer, num_towers, devices, device_type, bn_mode,
+      update, precision, exchange, accumulation_steps, global_step, ema_decay,
+      learning_rate, var_list, summaries, check_isolation: as for
+        build_train_graph.
       global_batch_size: examples per optimizer step, all towers together.
       per_tower_batch_size: examples per tower, when the script has that
         option too (it must agree with the global batch).
-      bn_mode, param_device, ema_decay, learning_rate: as for build_train_graph.
       train_dir, max_steps, save_checkpoint_steps, save_checkpoint_secs,
       save_summaries_steps, log_every_n_steps, examples_per_step,
-      max_checkpoints_to_keep, master, is_chief: as for run_training.
+      max_checkpoints_to_keep, trace_steps, master, is_chief: as for run_training.
       session_config: the ConfigProto the session will use, to check that
         '/device:CPU:i' towers exist in it.
       probe_writes: probe train_dir's writability (only the chief writes).
@@ -306,24 +235,54 @@ def validate_config(*, num_towers=None, devices=None, device_type=None,
                   f"{towers} CPU towers.",
                   f"use towerlib.session_config({towers}).")
     _check_batch(check, towers, global_batch_size, per_tower_batch_size, examples_per_step)
-    if bn_mode is not None and bn_mode not in BN_MODES:
-        check.add("bn_mode", f"is {bn_mode!r}.",
-                  f"pick one of {', '.join(BN_MODES)} (see towerlib.batch_norm).")
-    if param_device is not None and not callable(param_device) \
-            and param_device not in devices_lib.PARAM_DEVICES:
-        check.add("param_device", f"is {param_device!r}.",
-                  "use 'cpu' (variables on the host CPU), 'gpu' (spread over the tower "
-                  "GPUs) or a device function.")
-    if ema_decay is not None and not (_is_number(ema_decay) and 0.0 < ema_decay < 1.0):
-        check.add("ema_decay", f"must be in (0, 1), got {ema_decay!r}.",
-                  "use e.g. 0.999, or None for no moving average.")
-    if learning_rate is not None and _is_number(learning_rate) and not (
-            learning_rate > 0 and math.isfinite(learning_rate)):
-        check.add("learning_rate", f"must be a positive finite number, got "
-                  f"{learning_rate!r}.", "use e.g. 0.1 (scaled for the global batch).")
-    _check_train_dir(check, train_dir, probe_writes and is_chief)
-    _check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
-                         save_summaries_steps, log_every_n_steps, max_checkpoints_to_keep,
-                         master, is_chief)
+    resolved = _check_step_options(check, dict(
+        tower_fn=tower_fn, inputs=inputs, optimizer=optimizer, bn_mode=bn_mode,
+        update=update, precision=precision, exchange=exchange,
+        accumulation_steps=accumulation_steps, global_step=global_step,
+        ema_decay=ema_decay, learning_rate=learning_rate, var_list=var_list,
+        summaries=summaries, check_isolation=check_isolation))
+    _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode)
+    loop_options.check_train_dir(check, train_dir, probe_writes and is_chief)
+    loop_options.check_training_loop(
+        check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
+        save_summaries_steps, log_every_n_steps, max_checkpoints_to_keep, master, is_chief)
+    if trace_steps is not None:
+        loop_options.check_trace_steps(check, trace_steps)
     if check.problems:
         raise ConfigError(check.problems)
+
+
+def _check_step_options(check, options):
+    """Each given build option through its own check; {option: resolved value}."""
+    resolved = {}
+    for option, value in options.items():
+        if value is None:
+            continue
+        try:
+            resolved[option] = step_options.OPTION_CHECKS[option](value)
+        except (ValueError, TypeError) as error:
+            _add_error(check, option, error)
+    return resolved
+
+
+def _add_error(check, option, error):
+    """A check's error as a ConfigProblem: its text up to 'Fix: ', and the fix."""
+    problem, _, fix = str(error).partition(" Fix: ")
+    check.add(option, problem, fix)
+
+
+def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode):
+    """The rules between build options, with the same functions as the build."""
+    steps = resolved.get("accumulation_steps")
+    if steps and towers and _is_int(global_batch_size) and global_batch_size >= 1:
+        try:
+            accumulation.check_batch_covers_micro_batches(global_batch_size, steps, towers)
+        except ValueError as error:
+            _add_error(check, "accumulation_steps", error)
+    if resolved.get("exchange") is not None:
+        try:
+            step_options.check_exchange_applies(
+                resolved["exchange"], bn_mode or "first_tower",
+                resolved.get("update") or update_choose.resolve_update("parameter_server"))
+        except ValueError as error:
+            _add_error(check, "exchange", error)

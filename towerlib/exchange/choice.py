@@ -87,6 +87,6 @@ def resolve_exchange(exchange, devices=None) -> Optional[ExchangeChoice]:
         all_gpus = {tf.DeviceSpec.from_string(d).device_type for d in devices} == {"GPU"}
         return CollectiveExchange() if all_gpus else GraphExchange()
     raise ValueError(
-        f"exchange={exchange!r}: pass towerlib.GraphExchange() or "
+        f"exchange={exchange!r} is not an exchange. Fix: pass towerlib.GraphExchange() or "
         f"towerlib.CollectiveExchange(timeout_seconds=...), one of {EXCHANGE_NAMES}, "
         "or None to choose by device type.")

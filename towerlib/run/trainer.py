@@ -22,6 +22,8 @@ from towerlib.run import checkpoints
 from towerlib.run import guards
 from towerlib.run import hooks as hooks_lib
 from towerlib.run import stopping
+from towerlib import trace
+from towerlib.checks import data_checks
 from towerlib.checks import validation
 from towerlib.exchange import safety as exchange_safety
 
@@ -54,7 +56,8 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
     """(global_step, loss) after the last step run, as run_training returned before.
 
     Attributes:
-      global_step: the global step after the last update (None if no step ran).
+      global_step: the global step after the last update; when no step ran
+        because the restored step was already at or past max_steps, that step.
       loss: the loss of that step (None if no step ran).
       stop_signal: 'SIGINT' or 'SIGTERM' when a signal stopped training, else None.
       checkpoint: the prefix of the newest checkpoint written, or None.
@@ -127,7 +130,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  max_checkpoints_to_keep=5,
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
                  collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS,
-                 session_creator_wrapper=None):
+                 session_creator_wrapper=None, trace_steps=()):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
@@ -163,6 +166,10 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       session_creator_wrapper: a function given run_training's SessionCreator
         that returns the one to use (towerlib.cluster's bounds how long a
         replica waits for a lost ps task); None uses it as it is.
+      trace_steps: global steps to run with full tracing (the chief only):
+        each writes its RunMetadata to TensorBoard (tag 'step_<n>'), a Chrome
+        trace and a PNG into train_dir/traces, and logs one line on how the
+        towers overlapped (towerlib.trace). Other steps run as before.
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -172,11 +179,12 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       towerlib.ConfigError: bad options, all listed, before anything runs.
       towerlib.NonFiniteError: a tower's loss (or gradient) was NaN or Inf.
       towerlib.CheckpointError: train_dir has checkpoints, none restorable.
+      towerlib.DataError: the input ended before the first step.
     """
     validation.validate_config(
         train_dir=train_dir, max_steps=max_steps, required=("train_dir", "max_steps"),
         save_checkpoint_steps=save_checkpoint_steps,
-        save_checkpoint_secs=save_checkpoint_secs,
+        save_checkpoint_secs=save_checkpoint_secs, trace_steps=trace_steps,
         save_summaries_steps=save_summaries_steps, log_every_n_steps=log_every_n_steps,
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
@@ -222,6 +230,10 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
             train_graph.loss_scale, overflows_in_a_row=3,
             global_step=train_graph.global_step))
     all_hooks.extend(hooks)
+    if trace_steps and is_chief:
+        all_hooks.append(trace.TraceHook(trace_steps, train_dir,
+                                         global_step=train_graph.global_step,
+                                         tower_devices=train_graph.devices))
     signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
     if signal_hook is not None:
         all_hooks.append(signal_hook)
@@ -250,7 +262,12 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         with graph.as_default(), exchange_safety.explain_collective_errors(graph), \
                 tf.compat.v1.train.MonitoredSession(
                 session_creator=session_creator, hooks=all_hooks) as session:
-            while not session.should_stop():
+            start_step = int(session_keeper.session.run(train_graph.global_step))
+            if start_step >= max_steps:
+                logger.info("Nothing to train: global step %d is already at or past "
+                            "max_steps=%d (max_steps is the step to stop at).",
+                            start_step, max_steps)
+            while start_step < max_steps and not session.should_stop():
                 try:
                     session.run(train_graph.train_op)
                 except tf.errors.InvalidArgumentError as error:
@@ -265,7 +282,16 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     finally:
         if signal_hook is not None:
             signal_hook.uninstall()
-    result = TrainingResult(step_logger.last_step, step_logger.last_loss)
+    stopped_by_signal = signal_hook is not None and signal_hook.received is not None
+    if step_logger.last_step is None and start_step < max_steps and not stopped_by_signal:
+        raise data_checks.DataError(
+            f"The input ended before the first step (global step {start_step}, "
+            f"max_steps={max_steps}): check that the dataset yields at least one "
+            "global batch (a filter or take() that leaves nothing, files with no "
+            "records, drop_remainder with fewer examples than the batch).")
+    result = TrainingResult(
+        start_step if step_logger.last_step is None else step_logger.last_step,
+        step_logger.last_loss)
     result.checkpoint = last_checkpoint()
     if signal_hook is not None and signal_hook.received is not None:
         result.stop_signal = signal_hook.received_name

@@ -35,7 +35,8 @@ import tensorflow as tf
 from towerlib.step import inputs as inputs_lib
 from towerlib.step.context import TowerContext
 
-__all__ = ["after", "check_accumulation_steps", "micro_batch_scope", "micro_batches"]
+__all__ = ["after", "check_accumulation_steps", "check_batch_covers_micro_batches",
+           "micro_batch_scope", "micro_batches"]
 
 
 def check_accumulation_steps(accumulation_steps):
@@ -45,8 +46,19 @@ def check_accumulation_steps(accumulation_steps):
             or accumulation_steps < 1):
         raise ValueError(
             f"accumulation_steps must be an int >= 1 (1: no accumulation), got "
-            f"{accumulation_steps!r}.")
+            f"{accumulation_steps!r}. Fix: e.g. accumulation_steps=4.")
     return int(accumulation_steps)
+
+
+def check_batch_covers_micro_batches(global_batch, accumulation_steps, num_towers):
+    """Refuses a global batch that cannot give every tower of every micro-batch an example."""
+    needed = accumulation_steps * num_towers
+    if global_batch < needed:
+        raise ValueError(
+            f"The global batch has {global_batch} examples, fewer than "
+            f"accumulation_steps x towers = {accumulation_steps} x {num_towers} = "
+            f"{needed}, so some tower would get no example in some micro-batch. Use "
+            f"a global batch of at least {needed}, or fewer micro-batches or towers.")
 
 
 def micro_batch_scope(micro_batch, accumulation_steps):
@@ -69,12 +81,8 @@ def micro_batches(inputs, accumulation_steps, devices, bn_mode, host_device):
         return _prebuilt_inputs(inputs, accumulation_steps, devices, bn_mode, host_device)
     static_batch = inputs_lib.check_global_batch(inputs, 1)
     needed = accumulation_steps * num_towers
-    if static_batch is not None and static_batch < needed:
-        raise ValueError(
-            f"The global batch has {static_batch} examples, fewer than "
-            f"accumulation_steps x towers = {accumulation_steps} x {num_towers} = "
-            f"{needed}, so some tower would get no example in some micro-batch. Use "
-            f"a global batch of at least {needed}, or fewer micro-batches or towers.")
+    if static_batch is not None:
+        check_batch_covers_micro_batches(static_batch, accumulation_steps, num_towers)
     with tf.name_scope("micro_batches"):
         if static_batch is None:
             batch = tf.shape(tf.nest.flatten(inputs)[0])[0]

@@ -19,7 +19,7 @@ def check_bn_mode(bn_mode):
     """Raises ValueError unless `bn_mode` is one of `BN_MODES`."""
     if bn_mode not in BN_MODES:
         raise ValueError(
-            f"Unknown bn_mode {bn_mode!r}. Pick one of {', '.join(BN_MODES)}: "
+            f"Unknown bn_mode {bn_mode!r}. Fix: pick one of {', '.join(BN_MODES)}: "
             "'first_tower' updates the moving statistics from tower 0's shard, "
             "'all_towers' from the whole global batch, 'sync' also normalizes "
             "with the whole global batch's statistics.")

@@ -21,12 +21,14 @@ import tensorflow as tf
 from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
 from towerlib.precision.policy import Precision, resolve_precision
 from towerlib.step import accumulation
+from towerlib.step import inputs as inputs_lib
 from towerlib.step import towers as towers_lib
 from towerlib.step.context import check_bn_mode
 from towerlib.update.base import UpdateChoice
 from towerlib.update.choose import resolve_update
 
-__all__ = ["OPTION_CHECKS", "StepOptions", "check_ema_decay", "check_optimizer",
+__all__ = ["OPTION_CHECKS", "StepOptions", "check_ema_decay", "check_exchange_applies",
+           "check_optimizer",
            "resolve_step_options"]
 
 
@@ -36,7 +38,8 @@ def check_optimizer(optimizer):
         raise TypeError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (e.g. "
             f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
-            "Keras optimizers do not run in graph-mode towers.")
+            "Keras optimizers do not run in graph-mode towers. Fix: "
+            "tf.compat.v1.train.MomentumOptimizer(0.1, 0.9) or another TF 1 optimizer.")
 
 
 def check_ema_decay(ema_decay):
@@ -44,42 +47,52 @@ def check_ema_decay(ema_decay):
     if ema_decay is not None and not (
             isinstance(ema_decay, numbers.Real) and not isinstance(ema_decay, bool)
             and 0.0 < ema_decay < 1.0):
-        raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay!r}.")
+        raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay!r}. "
+                         "Fix: e.g. 0.999, or None for no moving average.")
 
 
 def _check_bool(name):
     def check(value):
         if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}.")
+            raise TypeError(f"{name} must be True or False, got {value!r}. "
+                            f"Fix: {name}=True or {name}=False.")
     return check
 
 
 def _check_tower_fn(tower_fn):
     if not callable(tower_fn):
         raise TypeError(f"tower_fn must be a towerlib.TowerModel or a callable "
-                        f"(inputs, ctx) -> loss, got {type(tower_fn).__name__}.")
+                        f"(inputs, ctx) -> loss, got {type(tower_fn).__name__}. Fix: pass "
+                        "the function that builds one tower's loss.")
+
+
+def _check_inputs(inputs):
+    if not callable(inputs):
+        inputs_lib.check_global_batch(inputs, 1)
 
 
 def _check_learning_rate(learning_rate):
     if isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool) \
             and not (0 < learning_rate < float("inf")):
         raise ValueError(f"learning_rate must be a positive finite number, got "
-                         f"{learning_rate!r}.")
+                         f"{learning_rate!r}. Fix: e.g. 0.1 (scaled for the global batch).")
 
 
 def _check_global_step(global_step):
     if global_step is not None and not (
             isinstance(global_step, (tf.Variable, tf.Tensor))
             or hasattr(global_step, "assign_add")):
-        raise TypeError(f"global_step must be a step variable or None (get_or_create_"
-                        f"global_step()), got {type(global_step).__name__}.")
+        raise TypeError(f"global_step must be a step variable or None, got "
+                        f"{type(global_step).__name__}. Fix: leave it None, or pass "
+                        "tf.compat.v1.train.get_or_create_global_step().")
 
 
 def _check_var_list(var_list):
     if var_list is not None and (isinstance(var_list, (str, bytes))
                                  or not hasattr(var_list, "__iter__")):
-        raise TypeError(f"var_list must be a list of variables or None (the variables "
-                        f"the towers create), got {type(var_list).__name__}.")
+        raise TypeError(f"var_list must be a list of variables or None, got "
+                        f"{type(var_list).__name__}. Fix: leave it None (the variables "
+                        "the towers create), or pass a list of variables.")
 
 
 # Option name -> the function that checks it (raising ValueError or TypeError
@@ -87,6 +100,7 @@ def _check_var_list(var_list):
 # and devices; whether an exchange applies) are in resolve_step_options.
 OPTION_CHECKS = types.MappingProxyType({
     "tower_fn": _check_tower_fn,
+    "inputs": _check_inputs,
     "optimizer": check_optimizer,
     "bn_mode": check_bn_mode,
     "update": resolve_update,
@@ -122,11 +136,12 @@ class StepOptions:
     ema_decay: Optional[float]
 
 
-def _check_exchange_applies(exchange, bn_mode, update):
+def check_exchange_applies(exchange, bn_mode, update):
+    """Refuses an exchange chosen where nothing crosses between the towers."""
     if exchange is not None and bn_mode != "sync" and not update.exchanges_gradients:
         raise ValueError(
             f"exchange={exchange!r} has no effect: with bn_mode={bn_mode!r} and "
-            f"update={update!r} nothing crosses between the towers. Drop exchange, "
+            f"update={update!r} nothing crosses between the towers. Fix: Drop exchange, "
             "or use bn_mode='sync' or update=towerlib.Replicated().")
 
 
@@ -145,7 +160,7 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
     resolved = {name: OPTION_CHECKS[name](value) for name, value in given.items()
                 if not (name == "tower_fn" and value is None)}
     update = resolved["update"]
-    _check_exchange_applies(resolved["exchange"], bn_mode, update)
+    check_exchange_applies(resolved["exchange"], bn_mode, update)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
     needs_exchange = bn_mode == "sync" or update.exchanges_gradients
     return StepOptions(

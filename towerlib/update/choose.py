@@ -22,5 +22,6 @@ def resolve_update(update):
     if update == "replicated":
         return Replicated()
     raise ValueError(
-        f"update={update!r}: pass towerlib.ParameterServer(...) or "
+        f"update={update!r} is not a variable update. Fix: pass "
+        f"towerlib.ParameterServer(...) or "
         f"towerlib.Replicated(...), or one of {UPDATE_NAMES} for their defaults.")

@@ -22,11 +22,11 @@ def test_every_problem_is_reported_at_once_with_its_fix(tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("not a directory")
     error, problems = _problems(
-        num_towers=0, bn_mode="sync_all", param_device="tpu", ema_decay=1.5,
+        num_towers=0, bn_mode="sync_all", update="mirrored", ema_decay=1.5,
         train_dir=str(a_file / "train"), max_steps=-1, save_checkpoint_steps=10,
         save_checkpoint_secs=60, is_chief=False, master="")
     assert list(problems) == [
-        "num_towers", "bn_mode", "param_device", "ema_decay", "train_dir", "max_steps",
+        "num_towers", "bn_mode", "update", "ema_decay", "train_dir", "max_steps",
         "save_checkpoint_steps/save_checkpoint_secs", "is_chief"]
     assert str(error).startswith("8 problems in the training configuration "
                                  "(nothing was built or run):")
@@ -82,7 +82,7 @@ def test_unwritable_train_dir_is_found_by_trying():
 def test_a_good_configuration_passes_and_leaves_nothing_behind(tmp_path):
     train_dir = tmp_path / "not_yet"
     towerlib.validate_config(
-        num_towers=2, global_batch_size=9, bn_mode="all_towers", param_device="cpu",
+        num_towers=2, global_batch_size=9, bn_mode="all_towers", update=towerlib.ParameterServer(device="cpu"),
         ema_decay=0.99, learning_rate=0.1, train_dir=str(train_dir), max_steps=100,
         save_checkpoint_secs=600, save_summaries_steps=100, log_every_n_steps=10,
         examples_per_step=9, max_checkpoints_to_keep=3,

@@ -1,0 +1,105 @@
+"""validate_config's checks of the training loop's options (run_training's).
+
+Each function adds ConfigProblems to a checker (towerlib.checks.validation)
+instead of raising, so that every problem of a configuration is listed at once.
+"""
+
+import math
+import numbers
+import os
+import uuid
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _nearest_existing(path):
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def check_train_dir(check, train_dir, probe_writes):
+    if train_dir is None:
+        return
+    if not isinstance(train_dir, (str, os.PathLike)) or not str(train_dir):
+        check.add("train_dir", f"must be a non-empty path, got {train_dir!r}.",
+                  "give a directory for checkpoints and summaries.")
+        return
+    train_dir = os.fspath(train_dir)
+    if "://" in train_dir:
+        return  # remote file system: writability shows at the first save
+    if os.path.exists(train_dir) and not os.path.isdir(train_dir):
+        check.add("train_dir", f"{train_dir} exists and is not a directory.",
+                  "pass a directory path, or move the file away.")
+        return
+    existing = _nearest_existing(train_dir)
+    if not os.path.isdir(existing):
+        check.add("train_dir", f"{train_dir} cannot be created: {existing} is a file.",
+                  "choose a path whose parents are directories.")
+        return
+    if not probe_writes:
+        return
+    # Permission bits do not tell (root, read-only mounts, full disks): try.
+    probe = os.path.join(existing, f".towerlib-write-test-{uuid.uuid4().hex}")
+    try:
+        if existing != os.path.abspath(train_dir):
+            os.mkdir(probe)
+            os.rmdir(probe)
+        else:
+            with open(probe, "w", encoding="utf-8") as handle:
+                handle.write("ok")
+            os.remove(probe)
+    except OSError as error:
+        what = ("is not writable" if existing == os.path.abspath(train_dir)
+                else f"cannot be created: {existing} is not writable")
+        check.add("train_dir", f"{train_dir} {what} ({error.strerror}).",
+                  "choose a writable location, or fix its permissions or free space.")
+
+
+def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
+                         save_summaries_steps, log_every_n_steps, max_checkpoints_to_keep,
+                         master, is_chief):
+    if max_steps is not None and (not _is_int(max_steps) or max_steps < 0):
+        check.add("max_steps", f"must be an int >= 0, got {max_steps!r}.",
+                  "give the global step to stop at (not a count of new steps).")
+    if save_checkpoint_steps is not None and save_checkpoint_secs is not None:
+        check.add("save_checkpoint_steps/save_checkpoint_secs",
+                  f"both are set ({save_checkpoint_steps} steps, "
+                  f"{save_checkpoint_secs} secs).",
+                  "give only one of them.")
+    check.positive_int("save_checkpoint_steps", save_checkpoint_steps,
+                       "checkpoint every N >= 1 steps (a final one is always written).")
+    if save_checkpoint_secs is not None and (
+            not _is_number(save_checkpoint_secs) or not save_checkpoint_secs > 0
+            or not math.isfinite(save_checkpoint_secs)):
+        check.add("save_checkpoint_secs",
+                  f"must be a positive number of seconds, got {save_checkpoint_secs!r}.",
+                  "e.g. 600 for every ten minutes.")
+    check.positive_int("save_summaries_steps", save_summaries_steps,
+                       "write summaries every N >= 1 steps, or pass None for none.")
+    check.positive_int("log_every_n_steps", log_every_n_steps,
+                       "log every N >= 1 steps.")
+    check.positive_int("max_checkpoints_to_keep", max_checkpoints_to_keep,
+                       "keep at least the newest checkpoint (1), e.g. 5.")
+    if not is_chief and not master:
+        check.add("is_chief", "is False but master is empty (a local session).",
+                  "a non-chief worker waits for a chief on a cluster: pass master="
+                  "'grpc://...' of this worker, or is_chief=True for local training.")
+
+
+def check_trace_steps(check, trace_steps):
+    """trace_steps: global steps >= 1 to trace, as an iterable of ints."""
+    if isinstance(trace_steps, (str, bytes)) or not hasattr(trace_steps, "__iter__") \
+            or not all(_is_int(step) and step >= 1 for step in trace_steps):
+        check.add("trace_steps", f"must be global steps >= 1, got {trace_steps!r}.",
+                  "e.g. trace_steps=[20, 21] (a step early in the run is still warming up).")
