@@ -32,6 +32,11 @@ setuptools.setup(
     # (towerlib.internals) that a new TensorFlow release may change.
     python_requires=">=3.11,<3.12",
     install_requires=["tensorflow>=2.21,<2.22", "numpy", "absl-py"],
-    # tf_keras brings tf.compat.v1.layers back, for the tests of TF 1 models.
-    extras_require={"test": ["pytest", "tensorboard", "tf_keras>=2.21,<2.22"]},
+    # tf_keras brings tf.compat.v1.layers back, for the tests of TF 1 models;
+    # pytest-xdist runs the suite on every core; matplotlib draws traced steps.
+    extras_require={
+        "test": ["pytest", "pytest-xdist", "tensorboard", "tf_keras>=2.21,<2.22",
+                 "matplotlib"],
+        "plot": ["matplotlib"],
+    },
 )
