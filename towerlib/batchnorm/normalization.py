@@ -27,6 +27,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from towerlib.batchnorm import moments
 from towerlib.step.context import BatchNormStatistics
 
 
@@ -37,36 +38,14 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
     the statistics of this tower's shard, as below with one tower and no
     exchange. synchronized=True ('sync'): those of the whole global batch.
 
-    Each tower summarizes its shard, ONE gather across the towers (through
-    ctx.cross_tower, a towerlib.exchange.CrossTowerReducer) hands every
-    tower all the summaries, and each tower combines them identically with
-    Chan's parallel formula around a common pivot P:
-
-        n    = sum_i n_i
-        e_i  = shard mean_i - P,            E = sum_i (n_i / n) e_i
-        mean = P + E
-        M2   = sum_i M2_i + sum_i n_i (e_i - E)^2,      variance = M2 / n
-
-    where M2_i is shard i's sum of squared deviations from its own mean.
-
-    Numerics. Every term of M2 is a sum of squares, so the variance is never
-    negative, and no square of a raw value is formed, so nothing cancels. At a
-    mean of 1e4, float32 spaces values 1e-3 apart, which is not fine enough
-    for the shard means' deviations from each other when the spread is small
-    (their squares would be off by ~1e-3 relative). So a shard's mean travels
-    as hi_i + lo_i: hi_i is a pivot (the shard's first value), lo_i =
-    mean(x - hi_i) the small offset, exact to float32 relative precision, and
-    M2_i = sum((x - hi_i - lo_i)^2). With P the count-weighted
-    mean of the hi_i (the same on every tower), hi_i - P is exact, and
-    e_i = (hi_i - P) + lo_i keeps full relative precision; the variance comes
-    out accurate to ~1e-6 relative however large the mean. The output is
-    formed from the same small differences, y = (x - hi) * k + b with
-    k = gamma / sqrt(variance + epsilon) and b = beta - (mean - hi) * k, so it
-    keeps its precision where x * k would be a large number: its error, in
-    standard deviations, is about float32's precision (6e-8) times
-    |hi - mean| / std. That is negligible for a typical first value, 1e-4 for
-    an outlier 1e3 standard deviations out, and 0.03 for x * k itself at a
-    mean of 1e4 and a spread of 0.02.
+    Each tower summarizes its shard (towerlib.batchnorm.moments.shard_summary:
+    a pivot, the mean's offset from it and M2), ONE gather across the towers
+    (through ctx.cross_tower, a towerlib.exchange.CrossTowerReducer) hands
+    every tower all the summaries, and each tower combines them identically
+    with Chan's parallel formula around a common pivot (combine_summaries).
+    The variance comes out accurate to ~1e-6 relative however large the mean;
+    the output, formed from x - hi, has an error in standard deviations of
+    about float32's precision (6e-8) times |hi - mean| / std.
 
     Exactness. The true counts n_i make unequal shards exact. Statistics and
     normalization are one tf.custom_gradient with the backward written out,
@@ -123,12 +102,7 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
     rank = x.shape.rank
     (channel_axis,) = [a for a in range(rank) if a not in axes]
     channels = int(x.shape[channel_axis])
-
-    def broadcast(per_channel):
-        # [C] broadcasts against channels-last inputs as it is.
-        if channel_axis == rank - 1:
-            return per_channel
-        return tf.reshape(per_channel, [channels] + [1] * (rank - 1 - channel_axis))
+    broadcast = moments.ChannelBroadcast(rank, channel_axis, channels)
 
     # The normalization takes the variables' values (read here) as inputs, so
     # its gradient function returns their gradients like any input's.
@@ -141,38 +115,22 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
     gamma, beta = value(gamma, 1.0), value(beta, 0.0)
 
     with tf.name_scope("sync_batch_norm" if synchronized else "batch_norm"):
-        static_count = _static_count(x, axes)
-        if static_count is None:
+        known_count = moments.static_count(x, axes)
+        if known_count is None:
             count = tf.cast(_count(x, axes), stat_dtype)
             count_row = tf.reshape(count, [1])
         else:
-            count = None  # _per_example divides by the Python number
-            count_row = tf.constant([float(static_count)], stat_dtype)
+            count = None  # per_example divides by the Python number
+            count_row = tf.constant([float(known_count)], stat_dtype)
         statistics = {}  # total, mean, variance, set by the forward pass
 
-        def global_statistics(hi, lo, m2):
-            """(total, mean, variance, mean - hi) of the whole global batch.
-
-            One gather of every tower's (count, hi, lo, M2), combined
-            with Chan's formula around the pivot P (see above).
-            """
-            # Rows in rank order (any order: the combination is symmetric).
-            summaries = reducer.gather_unordered(
-                tf.concat([count_row, hi, lo, m2], axis=0), ctx.index,
-                name=layer_name)  # [T, 1 + 3C]
-            counts, his, los, m2s = tf.split(
-                summaries, [1, channels, channels, channels], axis=1)
-            total = tf.reduce_sum(counts)
-            weights = tf.math.divide_no_nan(counts, total)  # [T, 1]
-            pivot = tf.reduce_sum(weights * his, axis=0)
-            offsets = (his - pivot) + los  # e_i
-            mean_offset = tf.reduce_sum(weights * offsets, axis=0)  # E
-            m2_total = tf.reduce_sum(
-                m2s + counts * tf.square(offsets - mean_offset), axis=0)
-            variance = tf.math.divide_no_nan(m2_total, total)
-            # x - mean = (x - hi) - (mean - hi), and mean - hi = (P - hi) + E
-            # is formed from small differences, so neither loses precision.
-            return total, pivot + mean_offset, variance, (pivot - hi) + mean_offset
+        def global_statistics(summary):
+            """One gather of every tower's (count, hi, lo, M2), then combined."""
+            rows = reducer.gather_unordered(
+                tf.concat([count_row, summary.hi, summary.lo, summary.m2], axis=0),
+                ctx.index, name=layer_name)  # [T, 1 + 3C]
+            counts, his, los, m2s = tf.split(rows, [1, channels, channels, channels], axis=1)
+            return moments.combine_summaries(counts, his, los, m2s, summary.hi)
 
         def sum_over_towers(per_channel_sums):
             if not synchronized:
@@ -186,46 +144,28 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
             # recomputes x - hi from the half input rather than keep a float32
             # copy of the activation alive between forward and backward.
             inputs32 = tf.cast(inputs, tf.float32) if half else inputs
-            # hi: a pivot at no pass over the data (the shard's first value per
-            # channel; 0 for an empty shard); lo: the mean's offset from it.
-            # M2 is taken around hi + lo, the shard's mean, so the variance
-            # stays exact however far the first value lies from the rest.
-            first = inputs32[tuple(slice(0, 1) if a in axes else slice(None)
-                                   for a in range(rank))]  # empty-safe
-            hi = tf.reduce_sum(first, axes)
-            deviation = inputs32 - broadcast(hi)
-            lo = _per_example(tf.reduce_sum(deviation, axes), count, static_count)
-            m2 = tf.reduce_sum(tf.math.squared_difference(deviation, broadcast(lo)), axes)
+            summary = moments.shard_summary(inputs32, axes, broadcast, count, known_count)
             if synchronized:
-                total, mean, variance, mean_minus_hi = global_statistics(hi, lo, m2)
+                total, mean, variance, mean_minus_hi = global_statistics(summary)
             else:
                 total = count_row[0]
-                mean, variance = hi + lo, _per_example(m2, count, static_count)
-                mean_minus_hi = lo
+                mean = summary.hi + summary.lo
+                variance = moments.per_example(summary.m2, count, known_count)
+                mean_minus_hi = summary.lo
             statistics.update(total=total, mean=mean, variance=variance)
-            inverse_std = tf.math.rsqrt(variance + epsilon)
-            k = inverse_std * scale
-            y = deviation * broadcast(k) + broadcast(offset - mean_minus_hi * k)
+            y, k, inverse_std = moments.normalize_from_summary(
+                summary.deviation, mean_minus_hi, variance, scale, offset, epsilon, broadcast)
 
             def gradient(grad_y):
+                deviation = summary.deviation
                 if half:
                     grad_y = tf.cast(grad_y, tf.float32)
-                    deviation_again = tf.cast(inputs, tf.float32) - broadcast(hi)
-                else:
-                    deviation_again = deviation
-                # Local sums of g and g * (x - hi); the batch's sums of g and
-                # g * x_hat follow from them and the statistics.
-                sum_g = tf.reduce_sum(grad_y, axes)
-                sum_g_deviation = tf.reduce_sum(grad_y * deviation_again, axes)
-                sum_g_x_hat = inverse_std * (sum_g_deviation - mean_minus_hi * sum_g)
+                    deviation = tf.cast(inputs, tf.float32) - broadcast(summary.hi)
+                sum_g, sum_g_x_hat = moments.local_gradient_sums(
+                    grad_y, deviation, inverse_std, mean_minus_hi, axes)
                 batch_sums = sum_over_towers(tf.concat([sum_g, sum_g_x_hat], axis=0))
-                mean_g, mean_g_x_hat = tf.split(
-                    batch_sums * tf.math.divide_no_nan(1.0, total), 2)
-                # dx = k g - k mean(g) - k inverse_std mean(g x_hat) (x - mean)
-                #    = k g + a (x - hi) + c, with per-channel a and c.
-                a = -k * inverse_std * mean_g_x_hat
-                c = -k * mean_g - a * mean_minus_hi
-                grad_x = grad_y * broadcast(k) + (deviation_again * broadcast(a) + broadcast(c))
+                grad_x = moments.input_gradient(grad_y, deviation, k, inverse_std,
+                                                mean_minus_hi, batch_sums, total, broadcast)
                 return tf.cast(grad_x, inputs.dtype), sum_g_x_hat, sum_g
 
             return tf.cast(y, inputs.dtype), gradient
@@ -233,24 +173,6 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
         y = normalize(x, gamma, beta)
     return (y, tf.cast(statistics["total"], tf.float32),
             statistics["mean"], statistics["variance"])
-
-
-def _static_count(x, axes):
-    """Examples x positions of x, when its shape fixes them; else None."""
-    sizes = [x.shape[a] for a in axes]
-    if any(size is None for size in sizes):
-        return None
-    count = 1
-    for size in sizes:
-        count *= int(size)
-    return count
-
-
-def _per_example(total, count, static_count):
-    """total / count; 0 for an empty shard (which then weighs nothing)."""
-    if static_count is None:
-        return tf.math.divide_no_nan(total, count)
-    return total * (1.0 / static_count if static_count else 0.0)
 
 
 def _count(x, axes):
