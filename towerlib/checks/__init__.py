@@ -1,1 +1,12 @@
-"""towerlib.checks."""
+"""Checks that refuse bad input early, each naming the problem and the fix.
+
+    towerlib.validate_config(num_towers=4, update="replicated", train_dir="/tmp/run")
+
+The package, one job per module:
+
+  validation.py       validate_config: every option, every problem in one ConfigError
+  loop_options.py     run_training's options (train_dir, steps, checkpoints, traces)
+  data_checks.py      input files and in-graph assertions on a batch
+  tower_batch.py      the per-tower versus global batch confusion, named with numbers
+  tower_isolation.py  no tower's loss may read another tower's examples
+"""

@@ -1,1 +1,16 @@
-"""towerlib.run."""
+"""Running the training step: a loop that survives faults and resumes exactly.
+
+    result = towerlib.run_training(train, train_dir="/tmp/run", max_steps=1000)
+
+The package, one job per module:
+
+  trainer.py           run_training: the MonitoredSession loop and its hooks
+  hooks.py             the SessionRunHooks around a step (logging, checks, saving)
+  checkpoints.py       crash-safe checkpoints, restored from the newest complete one
+  checkpoint_state.py  what a checkpoint is on disk: files, completeness, state file
+  durable_files.py     fsync, atomic rename and atomic text files
+  guards.py            guard_numerics: a non-finite loss stops before the update
+  stopping.py          SIGINT/SIGTERM finish the step, save and stop
+  data_position.py     the input pipeline's position saved in every checkpoint
+  determinism.py       seed_everything: a seeded run repeats
+"""
