@@ -205,3 +205,62 @@ def test_static_and_run_time_batch_dimensions_that_differ():
                            match="different batch dimension from the other inputs"):
             session.run(train.train_op, {fed_labels: labels[:6]})
         session.run(train.train_op, {fed_labels: labels})  # the right size runs
+
+
+def test_a_float64_loss_is_named_with_the_fix():
+    """Issue 22, item 10."""
+    def tower(inputs, ctx):
+        weights = tf.compat.v1.get_variable("w", [4 * 4 * 3, 2], dtype=tf.float64)
+        flat = tf.reshape(tf.cast(inputs[0], tf.float64), [-1, 4 * 4 * 3])
+        return tf.reduce_mean(tf.matmul(flat, weights))
+
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"Tower 0's loss .* has dtype float64.*"
+                                            r"Fix: return tf.cast\(loss, tf.float32\)"):
+            towerlib.build_train_graph(
+                tower, (tf.zeros([4, 4, 4, 3]), tf.zeros([4], tf.int32)),
+                tf.compat.v1.train.GradientDescentOptimizer(0.1), num_towers=2,
+                device_type="cpu")
+
+
+def test_a_loss_that_reads_no_variable_is_named():
+    """Issue 22, item 11: not TensorFlow's 'No variables provided.'"""
+    def tower(inputs, ctx):
+        tf.compat.v1.get_variable("w", [2, 2])
+        return tf.reduce_mean(inputs)
+
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"^Tower 0's loss .* does not depend on any of "
+                                            r"its trainable variables \(w\)\. Fix: "):
+            towerlib.build_train_graph(
+                tower, tf.zeros([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                num_towers=2, device_type="cpu")
+
+
+def test_an_input_function_with_another_structure_per_tower_is_named():
+    """Issue 22, item 12: a pair for tower 0, a triple for tower 1."""
+    def input_fn(ctx):
+        pair = (tf.zeros([2, 3]), tf.zeros([2], tf.int32))
+        return pair if ctx.index == 0 else pair + (tf.zeros([2]),)
+
+    def tower(inputs, ctx):
+        images, labels = inputs
+        return tf.reduce_mean(images * tf.compat.v1.get_variable("w", [3]))
+
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"gave tower 1 \('float32', 'int32', 'float32'\) "
+                                            r"but tower 0 \('float32', 'int32'\)\. Fix: "):
+            towerlib.build_train_graph(
+                tower, input_fn, tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                num_towers=2, device_type="cpu")
+
+
+@pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs no GPU")
+def test_a_gpu_tower_this_process_does_not_have_is_named(caplog):
+    """Issue 22, item 6: soft placement would run it on the CPU without a word."""
+    with tf.Graph().as_default(), caplog.at_level("WARNING", logger="towerlib"):
+        towerlib.build_train_graph(
+            lambda x, ctx: tf.reduce_mean(x * tf.compat.v1.get_variable("w", [2])),
+            tf.zeros([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            devices=["/gpu:7"])
+    assert "Tower 0's device /gpu:7 does not exist: this process has 0 GPU(s)" in caplog.text

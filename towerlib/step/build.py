@@ -72,6 +72,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         summaries=summaries, check_isolation=check_isolation)
     options.precision.check_optimizer(optimizer)
     devices = list(options.devices)
+    devices_lib.warn_missing_gpus(devices)
     host = devices_lib.host_cpu(devices[0])
     reducer = (options.exchange.reducer(devices)
                if options.exchange is not None and len(devices) > 1 else None)
@@ -106,10 +107,9 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
             with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
                 if loss_scale is not None:
                     tower_objective = loss_scale.scale(tower_objective)
-                tower_grads_and_vars.append(optimizer.compute_gradients(
-                    tower_objective,
-                    var_list=variables.tower_variables(var_list, tower.context.index),
-                    colocate_gradients_with_ops=True))
+                tower_grads_and_vars.append(_tower_gradients(
+                    optimizer, tower, tower_objective,
+                    variables.tower_variables(var_list, tower.context.index)))
 
     _check_exchanges(reducer)  # the backward exchanges
     combined = variables.combine(tower_grads_and_vars)
@@ -146,6 +146,20 @@ def _global_step_for(global_step, param_device, host):
             return tf.compat.v1.train.get_or_create_global_step()
     with tf.device(host):
         return tf.compat.v1.train.get_or_create_global_step()
+
+
+def _tower_gradients(optimizer, tower, objective, tower_var_list):
+    """The tower's (gradient, variable) pairs, on its device (colocated with the ops)."""
+    pairs = optimizer.compute_gradients(objective, var_list=tower_var_list,
+                                        colocate_gradients_with_ops=True)
+    if all(gradient is None for gradient, _ in pairs):
+        names = ", ".join(v.op.name for v in tower_var_list[:5])
+        raise ValueError(
+            f"Tower {tower.context.index}'s loss {tower.loss.name} does not depend on "
+            f"any of its trainable variables ({names}"
+            f"{', ...' if len(tower_var_list) > 5 else ''}). Fix: compute the loss "
+            "from the model's output (and pass var_list if only some variables train).")
+    return pairs
 
 
 def _check_exchanges(reducer):

@@ -6,6 +6,7 @@ testable on a laptop. Device strings are always full '/device:TYPE:i' specs;
 nothing here assumes CPU.
 """
 
+import logging
 import tensorflow as tf
 
 # Ops that own variable storage; everything else follows the tower.
@@ -21,6 +22,26 @@ PARAM_DEVICES = ("cpu", "gpu")
 def local_gpu_count():
     """Number of GPUs TensorFlow can see in this process."""
     return len(tf.config.list_physical_devices("GPU"))
+
+
+def warn_missing_gpus(devices):
+    """Logs a warning for each GPU tower device this process does not have.
+
+    A Session with soft placement (towerlib.session_config's default) would
+    run such a tower on the CPU without a word. Devices of another job or
+    task are not judged: they live in another process.
+    """
+    gpus = None
+    for index, device in enumerate(devices):
+        spec = tf.DeviceSpec.from_string(device)
+        if spec.device_type != "GPU" or spec.job is not None:
+            continue
+        gpus = local_gpu_count() if gpus is None else gpus
+        if (spec.device_index or 0) >= gpus:
+            logging.getLogger("towerlib").warning(
+                "Tower %d's device %s does not exist: this process has %d GPU(s), so a "
+                "session with soft placement runs the tower on the CPU. Check "
+                "CUDA_VISIBLE_DEVICES, or use towerlib.tower_devices().", index, device, gpus)
 
 
 def check_num_towers(num_towers):

@@ -142,3 +142,30 @@ def leading_batch_size(tower_inputs):
     if first.shape.rank is not None and first.shape.rank >= 1 and first.shape[0] is not None:
         return tf.constant(first.shape[0], tf.int32)
     return tf.shape(first, out_type=tf.int32)[0]
+
+
+def check_same_structure(tower_inputs, tower_index, earlier_towers):
+    """Refuses a tower whose input differs from tower 0's in structure or dtypes.
+
+    An input function must give every tower the same kind of batch (only the
+    number of examples may differ); otherwise the tower function fails
+    inside the user's model, far from the cause.
+    """
+    if not earlier_towers:
+        return
+    first = earlier_towers[0].inputs
+
+    def described(nest):
+        return tf.nest.map_structure(
+            lambda t: getattr(getattr(t, "dtype", None), "name", type(t).__name__), nest)
+
+    try:
+        tf.nest.assert_same_structure(first, tower_inputs)
+        same = described(first) == described(tower_inputs)
+    except (ValueError, TypeError):
+        same = False
+    if not same:
+        raise ValueError(
+            f"The input function gave tower {tower_index} {described(tower_inputs)} but "
+            f"tower 0 {described(first)}. Fix: return the same structure and dtypes for "
+            "every tower (only the number of examples may differ).")

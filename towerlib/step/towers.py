@@ -103,6 +103,12 @@ def _split_result(result, tower_index, require_loss):
         raise TypeError(
             f"Tower {tower_index}'s loss {loss.name} has dtype {loss.dtype.name}; "
             "a loss must be a float tensor.")
+    if require_loss and loss.dtype == tf.float64:
+        raise TypeError(
+            f"Tower {tower_index}'s loss {loss.name} has dtype float64; towerlib "
+            "weighs and sums the towers' losses in float32. Fix: return "
+            "tf.cast(loss, tf.float32) (float64 variables still get float64 gradients "
+            "through the cast).")
     if loss.shape.rank is None:
         # Unknown at build time: checked at the first step, before it trains.
         check = tf.debugging.assert_rank(
@@ -226,6 +232,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                 if per_tower_input_fn is not None:
                     with tf.device(devices_lib.host_cpu(device)), tf.name_scope("input"):
                         tower_inputs = per_tower_input_fn(ctx)
+                        inputs_lib.check_same_structure(tower_inputs, index, towers)
                         batch_size = inputs_lib.leading_batch_size(tower_inputs)
                 else:
                     tower_inputs, batch_size = shards[index], sizes[index]
