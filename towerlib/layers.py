@@ -144,11 +144,15 @@ def embedding(ids, vocab_size, dim, *, name, weight_decay=0.0, initializer=None)
         return tf.nn.embedding_lookup(table, ids)
 
 
-def max_pool2d(x, pool_size, strides, padding="SAME", data_format="NHWC"):
+def max_pool2d(x, pool_size, strides=None, padding="SAME", data_format="NHWC"):
+    """Max pooling; strides default to the pool size (non-overlapping windows)."""
+    strides = pool_size if strides is None else strides
     return tf.nn.max_pool2d(x, pool_size, strides, padding, data_format=data_format)
 
 
-def avg_pool2d(x, pool_size, strides, padding="SAME", data_format="NHWC"):
+def avg_pool2d(x, pool_size, strides=None, padding="SAME", data_format="NHWC"):
+    """Average pooling; strides default to the pool size (non-overlapping windows)."""
+    strides = pool_size if strides is None else strides
     return tf.nn.avg_pool2d(x, pool_size, strides, padding, data_format=data_format)
 
 

@@ -266,3 +266,14 @@ def test_hand_written_batch_norm_builds_with_first_tower(model):
     with tf.Graph().as_default():
         train = helpers.build_on_image_batch(2, tower_fn=model, bn_mode="first_tower")
         assert train.update_ops  # tower 0's own update ops, as documented
+
+
+def test_replicated_lists_each_foreign_layer_once():
+    """Issue 22, item 29: not once per tower's copy."""
+    with tf.Graph().as_default():
+        with pytest.raises(ForeignBatchNormError) as raised:
+            helpers.build_on_image_batch(4, tower_fn=hand_written_fused, bn_mode="all_towers",
+                                         update="replicated")
+    listing = str(raised.value).split(":\n  ", 1)[1].split("\nBuilt as they are")[0]
+    assert listing.count("\n") == 0 and listing.startswith("'my_bn'"), listing
+    assert "towers 0, 1, 2, 3" in listing

@@ -79,3 +79,12 @@ def test_embedding_refuses_float_ids():
     with tf.Graph().as_default():
         with pytest.raises(TypeError, match="integer ids"):
             layers.embedding(tf.constant([[1.0, 2.0]]), 10, 4, name="embed")
+
+
+def test_pooling_strides_default_to_the_pool_size():
+    """Issue 22, item 29: layers.max_pool2d(h, 2) as in other layer libraries."""
+    with tf.Graph().as_default():
+        h = tf.zeros([1, 8, 8, 3])
+        assert layers.max_pool2d(h, 2).shape.as_list() == [1, 4, 4, 3]
+        assert layers.avg_pool2d(h, 2).shape.as_list() == [1, 4, 4, 3]
+        assert layers.max_pool2d(h, 3, strides=1).shape.as_list() == [1, 8, 8, 3]

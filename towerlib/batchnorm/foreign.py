@@ -35,6 +35,8 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from towerlib.update import copies as variable_copies
+
 _FUSED_BATCH_NORM = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 _WRITES = ("Assign", "AssignSub", "AssignAdd", "AssignVariableOp",
            "AssignSubVariableOp", "AssignAddVariableOp")
@@ -85,6 +87,8 @@ def find_foreign_batch_norm(towers) -> List[ForeignBatchNorm]:
         for prefix, index in prefixes:
             if prefix and op.name.startswith(prefix):
                 for layer, evidence in _evidence(op, prefix, functions):
+                    # A replicated tower's copy is the same layer: list it once.
+                    layer = variable_copies.plain_name(layer)
                     entry = found.setdefault(layer, ForeignBatchNorm(layer, [], []))
                     if index not in entry.towers:
                         entry.towers.append(index)

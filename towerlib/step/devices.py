@@ -7,6 +7,7 @@ nothing here assumes CPU.
 """
 
 import logging
+
 import tensorflow as tf
 
 # Ops that own variable storage; everything else follows the tower.
