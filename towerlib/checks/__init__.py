@@ -9,4 +9,5 @@ The package, one job per module:
   data_checks.py      input files and in-graph assertions on a batch
   tower_batch.py      the per-tower versus global batch confusion, named with numbers
   tower_isolation.py  no tower's loss may read another tower's examples
+  run_time.py         run-time checks of a batch, reported in one line
 """

@@ -24,6 +24,7 @@ from towerlib.run import hooks as hooks_lib
 from towerlib.run import stopping
 from towerlib import trace
 from towerlib.checks import data_checks
+from towerlib.checks import run_time
 from towerlib.checks import validation
 from towerlib.exchange import safety as exchange_safety
 
@@ -273,6 +274,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                 except tf.errors.InvalidArgumentError as error:
                     guard = next((g for g in numerics_guards if g.is_guard_error(error)),
                                  None)
+                    if guard is None and run_time.explained(error):
+                        raise data_checks.DataError(
+                            f"{run_time.explained(error)} (the step did not run).") from error
                     if guard is None:
                         raise
                     failure = guard.failure(session_keeper.session)

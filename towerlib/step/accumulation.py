@@ -32,6 +32,7 @@ import numbers
 
 import tensorflow as tf
 
+from towerlib.checks import run_time
 from towerlib.step import inputs as inputs_lib
 from towerlib.step.context import TowerContext
 
@@ -87,7 +88,7 @@ def micro_batches(inputs, accumulation_steps, devices, bn_mode, host_device):
         if static_batch is None:
             batch = tf.shape(tf.nest.flatten(inputs)[0])[0]
             check = tf.debugging.assert_greater_equal(
-                batch, needed, message=(
+                batch, needed, message=run_time.message(
                     f"The global batch is smaller than accumulation_steps x towers "
                     f"({needed}); some tower would get no example in some micro-batch"))
             with tf.control_dependencies([check]):

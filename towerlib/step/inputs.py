@@ -8,6 +8,8 @@ objective the exact mean over all B examples.
 
 import tensorflow as tf
 
+from towerlib.checks import run_time
+
 
 def _batch_dims(flat_inputs):
     """Static leading dimensions (None when unknown) of every input tensor."""
@@ -60,9 +62,10 @@ def _with_batch_check(tensor, batch):
         return tensor
     check = tf.debugging.assert_equal(
         tf.shape(tensor)[0], batch,
-        message=f"Input {tensor.name} has a different batch dimension from the "
-                f"other inputs ({batch}); every input of one global batch needs the "
-                "same number of examples")
+        message=run_time.message(
+            f"Input {tensor.name} has a different batch dimension from the other "
+            f"inputs ({batch}); every input of one global batch needs the same number "
+            "of examples"))
     with tf.control_dependencies([check]):
         return tf.identity(tensor)
 
@@ -110,14 +113,16 @@ def split_global_batch(inputs, num_towers, host_device=""):
             checks = [
                 tf.debugging.assert_equal(
                     batch, global_batch,
-                    message=f"Input {t.name} has a different batch dimension "
-                            "from the first input; every input of one global "
-                            "batch needs the same number of examples")
+                    message=run_time.message(
+                        f"Input {t.name} has a different batch dimension from the "
+                        "first input; every input of one global batch needs the same "
+                        "number of examples"))
                 for t, batch in zip(flat[1:], dynamic_batches[1:])]
             checks.append(tf.debugging.assert_greater_equal(
                 global_batch, num_towers,
-                message=f"The global batch is smaller than the tower count "
-                        f"({num_towers}); some tower would get no examples"))
+                message=run_time.message(
+                    f"The global batch is smaller than the tower count ({num_towers}); "
+                    "some tower would get no examples")))
             with tf.control_dependencies(checks):
                 sizes = shard_sizes(tf.identity(global_batch), num_towers)
         flat_shards = []
