@@ -81,17 +81,17 @@ class ReplicatedUpdate(VariableUpdate):
     Args:
       num_towers: the towers of the build.
       reducer: the build's CrossTowerReducer (None for one tower).
-      gradient_pack_bytes: buffer size for packing dense gradients (0: none).
+      pack_bytes: buffer size for packing dense gradients (0: none).
       wire_dtype: None (all-reduce in float32) or the half compute dtype.
     """
 
     name = "replicated"
     param_device = None  # each tower's variables on the tower's own device
 
-    def __init__(self, num_towers, reducer, gradient_pack_bytes, wire_dtype=None):
+    def __init__(self, num_towers, reducer, pack_bytes, wire_dtype=None):
         self._copies = variable_copies.VariableCopies(num_towers)
         self._reducer = reducer
-        self._pack_bytes = gradient_pack_bytes
+        self._pack_bytes = pack_bytes
         self._wire_dtype = wire_dtype
 
     def variable_getter(self, tower_index):
