@@ -1,4 +1,4 @@
-"""The README's API example runs as printed."""
+"""The README's example runs as printed."""
 
 import pathlib
 import re
@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.slow  # trains the example in a fresh process
 def test_readme_api_example_runs():
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## API"):]
+    section = readme[readme.index("## Example"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
@@ -28,3 +28,23 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     command = re.search(r"Tests .*?```bash\n(.*?)\n```", readme, re.S).group(1)
     assert command in ci
+
+
+def test_readme_links_and_paths_exist():
+    """Every relative link of the README names a file or folder of the repository."""
+    readme = (ROOT / "README.md").read_text()
+    links = [link.split("#")[0] for link in re.findall(r"\]\(([^)\s]+)\)", readme)
+             if "://" not in link]
+    assert links
+    missing = [link for link in links if link and not (ROOT / link).exists()]
+    assert not missing, missing
+
+
+def test_readme_names_no_removed_keyword():
+    """The strategies are objects now; the old keywords of build_train_graph are gone."""
+    readme = (ROOT / "README.md").read_text()
+    for keyword in ("variable_update=", "compute_dtype=", "param_device=", "loss_scale=",
+                    "gradient_pack_bytes=", "sync_transport=", "sync_timeout_seconds=",
+                    "allreduce_in_compute_dtype="):
+        # Float16(loss_scale=...) is the object's own argument, not the old keyword.
+        assert not re.search(r"(?<![(\w])" + keyword, readme), keyword
