@@ -1,10 +1,12 @@
 """compute_dtype and loss scaling through build_train_graph and run_training."""
 
+import logging
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import towerlib
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tests import helpers
 from towerlib import layers
 
@@ -129,6 +131,37 @@ def test_the_scale_survives_a_checkpoint_and_resume(tmp_path):
     assert (scale, step) == (512.0, 2)  # one skipped run, two applied
     scale, step = train_to(4, inject=False)
     assert (scale, step) == (512.0, 4)  # resumed with the saved scale
+
+
+def test_skipped_steps_and_the_scale_are_logged_and_summarized(tmp_path, caplog):
+    """Issue 22, items 25 and 27: a skipped float16 step says so, every line names the
+    scale, TensorBoard gets loss_scale, global_step/sec and a point at the last step."""
+    with tf.Graph().as_default():
+        train = _build("float16")
+        factor = tf.compat.v1.get_default_graph().get_tensor_by_name(GRADIENT_FACTOR + ":0")
+
+        class OverflowAtThirdRun(tf.compat.v1.train.SessionRunHook):
+            runs = 0
+
+            def before_run(self, run_context):
+                self.runs += 1
+                if self.runs == 3:
+                    return tf.compat.v1.train.SessionRunArgs(None, feed_dict={factor: np.inf})
+                return None
+
+        with caplog.at_level(logging.INFO, logger="towerlib"):
+            towerlib.run_training(train, train_dir=str(tmp_path), max_steps=5,
+                                  hooks=[OverflowAtThirdRun()], log_every_n_steps=1,
+                                  save_summaries_steps=2,
+                                  session_config=towerlib.session_config(2))
+    assert "step 3 skipped: float16 gradients overflowed at loss scale 1024" in caplog.text
+    logged = [line for line in caplog.text.splitlines() if ", loss = " in line]
+    assert [line.split("step ")[1].split(",")[0] for line in logged] == ["1", "2", "3", "4", "5"]
+    assert all("loss scale" in line for line in logged)
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert {"loss_scale", "global_step/sec"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 4, 5]
 
 
 def test_a_real_nan_loss_under_loss_scaling_is_still_a_non_finite_error(tmp_path):

@@ -1,6 +1,8 @@
 """The SessionRunHooks run_training puts around a step, in the order it adds them.
 
-  StepLogger                step, loss, examples/sec, sec/batch
+  StepLogger                step, loss, examples/sec, sec/batch (and to TensorBoard);
+                            float16's skipped steps and loss scale
+  StepSummaryHook           the graph's summaries every n steps and at the last one
   SessionKeeper             the raw session, to read a guard's flags after a failed step
   CollectiveFetchCheckHook  a partial fetch of collectives refused before it hangs
   NonFiniteLossHook         a non-finite tower loss stops training (no guard)
@@ -25,7 +27,7 @@ from towerlib.run.guards import NonFiniteError
 logger = logging.getLogger("towerlib")
 
 __all__ = ["CollectiveFetchCheckHook", "CrashSafeSaverHook", "LossScaleFloorHook",
-           "NonFiniteLossHook", "SessionKeeper", "StepLogger"]
+           "NonFiniteLossHook", "SessionKeeper", "StepLogger", "StepSummaryHook"]
 
 
 class StepLogger(tf.compat.v1.train.SessionRunHook):
@@ -44,16 +46,23 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
     give `step_after_update`, a read of the step made after the update
     (`step_after_update(train_graph)`); without it the hook assumes the read
     came first and adds 1, which is off by one when it did not.
+
+    With `loss_scale` (float16) each line names the scale, and a step
+    skipped for an overflow gets a line of its own (it does not count).
+    With `summary_writer`, each line's rates also go to TensorBoard as
+    'global_step/sec' and 'examples/sec'.
     """
 
     def __init__(self, loss, global_step, every_n_steps=100, examples_per_step=None,
-                 step_after_update=None):
+                 step_after_update=None, loss_scale=None, summary_writer=None):
         self.loss = loss
         self.global_step = global_step
         self.step_after_update = step_after_update
         self.every_n_steps = max(1, int(every_n_steps))
         self.examples_per_step = examples_per_step
         self._fetches_examples = isinstance(examples_per_step, (tf.Tensor, tf.Variable))
+        self.loss_scale = loss_scale
+        self.summary_writer = summary_writer
         self.last_loss = None
         self.last_step = None
         self._steps_since_log = 0
@@ -67,16 +76,26 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
         self._steps_since_log += 1
         step = (self.step_after_update if self.step_after_update is not None
                 else self.global_step)
-        fetches = [self.loss, step]
+        fetches = {"loss": self.loss, "step": step}
         if self._fetches_examples:
-            fetches.append(self.examples_per_step)
+            fetches["examples"] = self.examples_per_step
+        if self.loss_scale is not None:
+            fetches["applied"] = self.loss_scale.applied
+            fetches["scale"] = self.loss_scale.value
         return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
-        self.last_loss, self.last_step = run_values.results[:2]
-        self.last_step = int(self.last_step)
+        results = run_values.results
+        if self.loss_scale is not None and not results["applied"]:
+            self._steps_since_log -= 1
+            logger.info("step %d skipped: float16 gradients overflowed at loss scale %g "
+                        "(the update is dropped, the scale lowered)",
+                        int(results["step"]) + 1,  # global_step did not move
+                        results["scale"])
+            return
+        self.last_loss, self.last_step = results["loss"], int(results["step"])
         if self._fetches_examples:
-            self._examples_since_log += int(run_values.results[2])
+            self._examples_since_log += int(results["examples"])
         elif self.examples_per_step:
             self._examples_since_log += self.examples_per_step
         if self.step_after_update is None:
@@ -89,11 +108,63 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
         rate = ""
         if self._examples_since_log and elapsed > 0:
             rate = f", {self._examples_since_log / elapsed:.1f} examples/sec"
+        if self.loss_scale is not None:
+            rate += f", loss scale {results['scale']:g}"
         logger.info("step %d, loss = %.4f%s, %.3f sec/batch",
                     self.last_step, self.last_loss, rate, sec_per_batch)
+        if self.summary_writer is not None and elapsed > 0:
+            values = [tf.compat.v1.Summary.Value(
+                tag="global_step/sec", simple_value=self._steps_since_log / elapsed)]
+            if self._examples_since_log:
+                values.append(tf.compat.v1.Summary.Value(
+                    tag="examples/sec", simple_value=self._examples_since_log / elapsed))
+            self.summary_writer.add_summary(tf.compat.v1.Summary(value=values),
+                                            self.last_step)
         self._steps_since_log = 0
         self._examples_since_log = 0
         self._last_time = now
+
+
+class StepSummaryHook(tf.compat.v1.train.SessionRunHook):
+    """Writes `summary_op` every `every_n_steps` global steps, the first and the last.
+
+    TensorFlow's SummarySaverHook misses the final step unless it falls on
+    the period; here the step about to run is predicted from the step after
+    the previous update, and `last_step` (run_training's max_steps) always
+    gets its point. The summary is written under the step read after the
+    update (`step_after_update`).
+    """
+
+    def __init__(self, summary_op, summary_writer, every_n_steps, last_step,
+                 step_after_update):
+        self._summary_op = summary_op
+        self._writer = summary_writer
+        self._every = max(1, int(every_n_steps))
+        self._last_step = last_step
+        self._step_after_update = step_after_update
+        self._next_step = None
+
+    def after_create_session(self, session, coord):
+        del coord
+        self._next_step = None  # the first step always writes
+
+    def before_run(self, run_context):
+        step = self._next_step
+        wanted = step is None or step % self._every == 0 or step == self._last_step
+        fetches = {"step": self._step_after_update}
+        if wanted:
+            fetches["summary"] = self._summary_op
+        return tf.compat.v1.train.SessionRunArgs(fetches)
+
+    def after_run(self, run_context, run_values):
+        step = int(run_values.results["step"])
+        if "summary" in run_values.results:
+            self._writer.add_summary(run_values.results["summary"], step)
+        self._next_step = step + 1
+
+    def end(self, session):
+        del session
+        self._writer.flush()
 
 
 class SessionKeeper(tf.compat.v1.train.SessionRunHook):

@@ -207,9 +207,13 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     step_after = step_after_update(train_graph)
     if examples_per_step is None:
         examples_per_step = examples_per_step_of(train_graph)
+    summary_writer = (tf.compat.v1.summary.FileWriterCache.get(train_dir)
+                      if is_chief and save_summaries_steps else None)
     step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
-                             log_every_n_steps, examples_per_step,
-                             step_after_update=step_after)
+                                       log_every_n_steps, examples_per_step,
+                                       step_after_update=step_after,
+                                       loss_scale=train_graph.loss_scale,
+                                       summary_writer=summary_writer)
     numerics_guards = list(train_graph.numerics_guards)
     session_keeper = hooks_lib.SessionKeeper()
     all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
@@ -240,11 +244,12 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         all_hooks.append(signal_hook)
     checkpoint_hook = None
     if is_chief:
-        if save_summaries_steps:
-            tf.compat.v1.summary.FileWriterCache.get(train_dir).add_graph(graph)
-            all_hooks.append(tf.compat.v1.train.SummarySaverHook(
-                save_steps=save_summaries_steps, output_dir=train_dir,
-                scaffold=scaffold))
+        summary_op = tf.compat.v1.summary.merge_all() if save_summaries_steps else None
+        if summary_writer is not None:
+            summary_writer.add_graph(graph)
+        if summary_op is not None:
+            all_hooks.append(hooks_lib.StepSummaryHook(
+                summary_op, summary_writer, save_summaries_steps, max_steps, step_after))
         # Last: every check of a step runs before that step can be saved.
         checkpoint_hook = hooks_lib.CrashSafeSaverHook(
             train_dir, scaffold, save_steps=save_checkpoint_steps,

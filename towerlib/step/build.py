@@ -124,7 +124,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         optimizer, variables, combined.apply_pairs, objective.towers, records, bn_mode,
         global_step, ema_decay=ema_decay, var_list=var_list, loss_scale=loss_scale,
         losses=[t.loss for t in objective.towers])
-    scalars = (_add_summaries(records, objective, losses, learning_rate, host)
+    scalars = (_add_summaries(records, objective, losses, learning_rate, loss_scale, host)
                if summaries else {})
     return TrainGraph(
         train_op=train_op, loss=losses.loss, total_loss=losses.total_loss,
@@ -188,7 +188,7 @@ def _trained_variables(var_list, trainable_before):
     return var_list
 
 
-def _add_summaries(records, objective, losses, learning_rate, host):
+def _add_summaries(records, objective, losses, learning_rate, loss_scale, host):
     """The merged tower scalars (by name) and the losses' summaries."""
     with tf.device(host):
         scalars = summaries_lib.merge_tower_scalars(records, {
@@ -199,4 +199,6 @@ def _add_summaries(records, objective, losses, learning_rate, host):
         summaries_lib.scalar_summary("regularization_loss", losses.regularization_loss)
         if learning_rate is not None:
             summaries_lib.scalar_summary("learning_rate", learning_rate)
+        if loss_scale is not None:
+            summaries_lib.scalar_summary("loss_scale", loss_scale.value)
     return scalars

@@ -111,6 +111,13 @@ class StepObjective:
           collection replaced by its data summands) and, per tower, its
           float32 scalar objective, built in its name scope and on its device.
         """
+        for tower in towers:
+            if tower.loss.dtype == tf.float64:
+                raise TypeError(
+                    f"Tower {tower.context.index}'s loss {tower.loss.name} has dtype "
+                    "float64; towerlib weighs and sums the towers' losses in float32. "
+                    "Fix: return tf.cast(loss, tf.float32) (float64 variables still get "
+                    "float64 gradients through the cast).")
         first = self._weight_terms is None
         seen = {id(t) for t in regularization_before}
         new_terms = [t for t in tf.compat.v1.get_collection(

@@ -103,12 +103,6 @@ def _split_result(result, tower_index, require_loss):
         raise TypeError(
             f"Tower {tower_index}'s loss {loss.name} has dtype {loss.dtype.name}; "
             "a loss must be a float tensor.")
-    if require_loss and loss.dtype == tf.float64:
-        raise TypeError(
-            f"Tower {tower_index}'s loss {loss.name} has dtype float64; towerlib "
-            "weighs and sums the towers' losses in float32. Fix: return "
-            "tf.cast(loss, tf.float32) (float64 variables still get float64 gradients "
-            "through the cast).")
     if loss.shape.rank is None:
         # Unknown at build time: checked at the first step, before it trains.
         check = tf.debugging.assert_rank(
