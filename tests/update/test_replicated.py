@@ -382,3 +382,17 @@ def test_tutorial_weight_decay_in_every_tower_works_with_copies():
                     [train.loss, train.regularization_loss])
     np.testing.assert_allclose(results["replicated"], results["parameter_server"], rtol=1e-6)
     assert results["replicated"][1] > 0
+
+
+def test_initialize_prepares_every_copy_for_a_plain_session():
+    """Issue 22, item 22: one call, no ordering of initializers to remember."""
+    with tf.Graph().as_default():
+        train = helpers.build_on_image_batch(3, update="replicated")
+        with tf.compat.v1.Session(config=towerlib.session_config(3)) as session:
+            train.initialize(session)
+            session.run(train.train_op)
+            copies = {name: session.run(variables)
+                      for name, variables in train.variable_copies.items()}
+    for name, values in copies.items():
+        for value in values[1:]:
+            np.testing.assert_array_equal(values[0], value, err_msg=name)

@@ -70,6 +70,17 @@ class TrainGraph:
     sync_copies_op: Any = None
     loss_scale: Any = None
 
+    def initialize(self, session):
+        """Initializes every variable for a plain Session (run_training needs none).
+
+        The global variables first, then, in a separate run, the local ones:
+        replicated copies (and their slots) read tower 0's initialized values.
+        After restoring tower 0's variables from a checkpoint instead, run
+        `sync_copies_op` (when not None).
+        """
+        session.run(tf.compat.v1.global_variables_initializer())
+        session.run(tf.compat.v1.local_variables_initializer())
+
 
 def ema_restore_map(ema_decay, var_list=None):
     """A Saver var_list that loads the EMA weights into the model's variables.
