@@ -224,7 +224,24 @@ def checkpoint():
     }
 
 
-SCENARIOS = {"detection": detection, "equivalence": equivalence,
+def half_precision():
+    """TF 1 layers' batch norm under each half compute dtype: the error's first line."""
+    messages = {}
+    for precision in ("bfloat16", "float16"):
+        with tf.Graph().as_default():
+            batch = tuple(tf.constant(x) for x in helpers.image_batch(8))
+            try:
+                towerlib.build_train_graph(
+                    model_for(tf1_layers), batch, helpers.make_optimizer("sgd"),
+                    devices=helpers.cpu_devices(2), precision=precision)
+                messages[precision] = None
+            except TypeError as error:
+                messages[precision] = str(error).splitlines()[0]
+    return messages
+
+
+SCENARIOS = {"half_precision": half_precision, "detection": detection,
+             "equivalence": equivalence,
              "first_tower_foreign": first_tower_foreign, "checkpoint": checkpoint}
 
 

@@ -52,6 +52,16 @@ def scenario(scenarios, name):
 # --- tf.compat.v1.layers (subprocess) ---------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bfloat16", "float16"])
+def test_tf1_layers_batch_norm_in_half_precision_names_the_swap(scenarios, precision):
+    """Issue 22, item 21: one line at build time, not FusedBatchNormV3's TypeError."""
+    message = scenario(scenarios, "half_precision")[precision]
+    assert message is not None and message.startswith("Tower 0: a fused batch norm")
+    assert f"cannot compute in {precision}" in message
+    assert "towerlib.layers.for_tower(ctx)" in message
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("bn_mode", ["sync", "all_towers"])
 @pytest.mark.parametrize("variant", ["training_true", "unfused", "training_tensor"])
 def test_tf1_layers_batch_norm_is_refused_with_the_layer_names(scenarios, bn_mode, variant):

@@ -64,6 +64,20 @@ def test_missing_variable_message():
                 raised.value)
 
 
+@pytest.mark.parametrize("half", [tf.bfloat16, tf.float16])
+def test_fused_batch_norm_dtype_message(half):
+    """towerlib.precision.casting names the swap when TF 1 layers' batch norm meets a
+    half compute dtype; it recognizes TensorFlow's refusal by these texts."""
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError) as raised:
+            tf.raw_ops.FusedBatchNormV3(
+                x=tf.zeros([2, 2, 2, 3], half), scale=tf.ones([3], half),
+                offset=tf.zeros([3], half), mean=tf.zeros([3]), variance=tf.ones([3]),
+                is_training=True)
+    if not error_texts.is_fused_batch_norm_dtype(raised.value):
+        _broken("FusedBatchNormV3's dtype refusal texts", "error_texts", str(raised.value))
+
+
 def test_run_deadline_message():
     with tf.Graph().as_default():
         queue = tf.queue.FIFOQueue(1, tf.float32)

@@ -8,7 +8,8 @@ tests/step/test_tower_batch_errors.py provoke each one and fail by name if a
 release rewords it.
 """
 
-__all__ = ["is_collective_timeout", "is_missing_variable", "is_run_deadline",
+__all__ = ["is_collective_timeout", "is_fused_batch_norm_dtype", "is_missing_variable",
+           "is_run_deadline",
            "is_shape_mismatch", "names_assert", "timeout_line"]
 
 # A collective op's own timeout, or a collective aborted by another's failure.
@@ -18,6 +19,9 @@ _COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is abor
 _RUN_DEADLINE_TEXT = "Timed out waiting for notification"
 # get_variable(reuse=True) of a name no earlier tower created.
 _MISSING_VARIABLE_TEXT = "does not exist"
+# FusedBatchNormV3 built with half scale/offset (cast by towerlib's storage
+# getter) next to float32 statistics: bfloat16 and float16 word it differently.
+_FUSED_BATCH_NORM_DTYPE_TEXTS = ("'FusedBatchNorm", "parameter 'scale' has DataType")
 # Graph-construction shape errors (ValueError) of two tensors that disagree.
 _SHAPE_MISMATCH_TEXTS = (
     "must equal `logits.shape` except for the last dimension",  # sparse cross entropy
@@ -39,6 +43,10 @@ def is_run_deadline(message: str) -> bool:
 
 def is_missing_variable(error: Exception) -> bool:
     return _MISSING_VARIABLE_TEXT in str(error)
+
+
+def is_fused_batch_norm_dtype(error: Exception) -> bool:
+    return any(text in str(error) for text in _FUSED_BATCH_NORM_DTYPE_TEXTS)
 
 
 def is_shape_mismatch(error: Exception) -> bool:

@@ -65,6 +65,7 @@ counters) are returned exactly as they are.
 
 import tensorflow as tf
 
+from towerlib.internals import error_texts
 from towerlib.step import towers as towers_lib
 
 __all__ = ["COMPUTE_DTYPES", "cast_inputs", "check_compute_dtype", "compute_in",
@@ -221,7 +222,19 @@ def compute_in(tower_fn, compute_dtype):
         scope = tf.compat.v1.get_variable_scope()
         with tf.compat.v1.variable_scope(scope, custom_getter=getter,
                                          auxiliary_name_scope=False):
-            result = build(cast_inputs(inputs, compute_dtype), ctx)
+            try:
+                result = build(cast_inputs(inputs, compute_dtype), ctx)
+            except TypeError as error:
+                if not error_texts.is_fused_batch_norm_dtype(error):
+                    raise
+                raise TypeError(
+                    f"Tower {ctx.index}: a fused batch norm (tf.compat.v1.layers."
+                    f"batch_normalization or tf.nn.fused_batch_norm) cannot compute in "
+                    f"{compute_dtype.name}: its scale and offset are read cast to "
+                    f"{compute_dtype.name} while its statistics stay float32. Fix: swap in "
+                    "towerlib's, `tfl = towerlib.layers.for_tower(ctx)` then "
+                    "`tfl.batch_normalization(...)` (same arguments and variables), or "
+                    "towerlib.batch_norm(x, ctx, name=...).") from error
         if isinstance(result, dict):
             result = dict(result)
             if "loss" in result:
