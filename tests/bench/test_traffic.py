@@ -1,4 +1,4 @@
-"""bench/traffic.py counts the bytes a step moves between devices: checked by hand.
+"""bench/traffic_count.py counts the bytes a step moves between devices: checked by hand.
 
 The graph: 2 (or 4) towers on GPU device strings (built, never run, so no GPU
 is needed), one dense layer 5 -> 3 (weights 15 floats = 60 bytes, biases 3
@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from bench import traffic
+from bench import traffic_count, traffic_placement, traffic_rows
 from towerlib import layers
 
 CPU = "/device:CPU:0"
@@ -44,7 +44,8 @@ def _count(num_towers, **options):
             _dense_tower, (x, y), tf.compat.v1.train.GradientDescentOptimizer(0.1),
             devices=[f"/device:GPU:{i}" for i in range(num_towers)], summaries=False,
             **options)
-        return traffic.count_traffic(train.train_op), traffic.device_traffic(train.train_op)
+        return (traffic_count.count_traffic(train.train_op),
+                traffic_count.device_traffic(train.train_op))
 
 
 def _large_edges(counted):
@@ -70,11 +71,11 @@ def _check_scalars_small(counted, per_device, expected_large):
 
 def test_ring_formulas():
     # All-reduce of S among T: 2 (T - 1) / T x S each way per device.
-    assert traffic.ring_all_reduce_bytes(100, 2) == 100
-    assert traffic.ring_all_reduce_bytes(100, 4) == 150
-    assert traffic.ring_all_reduce_bytes(100, 8) == 175
+    assert traffic_count.ring_all_reduce_bytes(100, 2) == 100
+    assert traffic_count.ring_all_reduce_bytes(100, 4) == 150
+    assert traffic_count.ring_all_reduce_bytes(100, 8) == 175
     # All-gather of S per device: (T - 1) x S each way per device.
-    assert traffic.ring_all_gather_bytes(100, 4) == 300
+    assert traffic_count.ring_all_gather_bytes(100, 4) == 300
 
 
 def test_parameter_server_on_cpu_sends_weights_out_and_gradients_back():
@@ -140,14 +141,14 @@ def test_step_excludes_initializers():
         train = towerlib.build_train_graph(
             _dense_tower, (x, y), tf.compat.v1.train.GradientDescentOptimizer(0.1),
             devices=[GPU0, GPU1], summaries=False, update="replicated")
-        names = {op.name for op in traffic.step_ops(train.train_op)}
+        names = {op.name for op in traffic_placement.step_ops(train.train_op)}
         initializers = [v.initializer.name for v in tf.compat.v1.local_variables()]
         assert initializers and not names.intersection(initializers)
 
 
 @pytest.mark.parametrize("update", ["ps/cpu", "replicated"])
 def test_bench_row_on_a_small_resnet(update):
-    row = traffic.build_and_count("resnet8", 2, update, global_batch=8)
+    row = traffic_rows.build_and_count("resnet8", 2, update, global_batch=8)
     _, sent, received = row.busiest
     if update == "ps/cpu":  # the CPU sends the weights twice, receives two gradients
         assert received >= 2 * row.weight_bytes and sent >= 2 * row.weight_bytes
@@ -180,7 +181,7 @@ def test_placement_matches_tensorflows_own_partitioning(options):
             _dense_tower, (x, y), tf.compat.v1.train.GradientDescentOptimizer(0.1),
             devices=towers, summaries=False, **options)
         counted = collections.Counter()
-        for edge in traffic.count_traffic(train.train_op).edges:
+        for edge in traffic_count.count_traffic(train.train_op).edges:
             if edge.num_bytes > SCALAR_BYTES:
                 counted[(edge.source, edge.destination)] += edge.num_bytes
         config = towerlib.session_config(3, allow_soft_placement=False)
