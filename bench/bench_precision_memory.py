@@ -48,7 +48,7 @@ flags.DEFINE_string("measure_memory", "", "Internal: run one memory measurement 
                     "with this accumulation_steps and print JSON.")
 
 
-def _graph(global_batch, accumulation_steps, num_towers=1, compute_dtype="float32"):
+def _graph(global_batch, accumulation_steps, num_towers=1, precision="float32"):
     """(train graph, initialized Session, (images, labels) placeholders); call in a graph."""
     import numpy as np
     import tensorflow as tf
@@ -64,7 +64,7 @@ def _graph(global_batch, accumulation_steps, num_towers=1, compute_dtype="float3
     train = towerlib.build_train_graph(
         make_model(FLAGS.model), (batch, labels),
         tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), num_towers=num_towers,
-        accumulation_steps=accumulation_steps, precision=compute_dtype,
+        accumulation_steps=accumulation_steps, precision=precision,
         summaries=False)
     session = tf.compat.v1.Session(config=towerlib.session_config(num_towers))
     session.run(tf.compat.v1.global_variables_initializer())
