@@ -13,6 +13,9 @@ its ratio to first_tower (by wall clock and by CPU time), and the median and
 middle half (25th to 75th percentile) of the paired ratios, each
 repetition's mode time over the same repetition's first_tower time: a wide
 spread, or all_towers far from 1.00x, says the run was disturbed.
+At the tower counts where sync has a target (bench/targets.py:
+SYNC_BATCH_NORM, <= 1.15x first_tower's step time at 8 towers), a last line
+says whether this run met it.
 
 The model is the CIFAR example's (examples/cifar10/models.py): ResNet-20 by
 default (He et al. 2016, CIFAR variant: 3 stages of 3 basic blocks, 16/32/64
@@ -35,6 +38,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
+from bench import targets  # noqa: E402
 from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
 
@@ -134,8 +138,13 @@ def main(argv):
     )
     print(header)
     print("|" + " --- |" * (header.count("|") - 1))
+    verdicts = []
+    target = targets.SYNC_BATCH_NORM
     for num_towers in (int(t) for t in FLAGS.towers):
         wall, cpu, collectives, paired = measure(num_towers)
+        if target.applies_to(num_towers) and baseline == "first_tower" and "sync" in wall:
+            verdicts.append(f"{num_towers} towers: "
+                            + target.verdict_line(wall["sync"] / wall[baseline]))
         cells = [f"{wall[m]:.3f}" for m in FLAGS.modes]
         cells += [f"{wall[m] / wall[baseline]:.2f}x" for m in FLAGS.modes[1:]]
         cells += [f"{cpu[m] / cpu[baseline]:.2f}x" for m in FLAGS.modes[1:]]
@@ -143,6 +152,8 @@ def main(argv):
         cells.append(", ".join(f"{m}: {n}" for m, n in collectives.items() if n) or "0")
         print(f"| {num_towers} | " + " | ".join(cells) + " |", flush=True)
     print(f"load average at end {os.getloadavg()[0]:.1f}")
+    for line in verdicts:
+        print(line)
 
 
 if __name__ == "__main__":

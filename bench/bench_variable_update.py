@@ -4,8 +4,9 @@
 
 Issue 12's question: does a copy of every variable per tower, with the
 gradients all-reduced, cost more per step than one copy on the host CPU
-(target: replicated <= 1.05x the parameter-server step time at 8 towers on
-virtual CPU towers)? And which all-reduce transport should be the default
+(target, bench/targets.py REPLICATED: replicated <= 1.05x the
+parameter-server step time at 8 towers on virtual CPU towers; a line after the
+table says whether this run met it)? And which all-reduce transport should be the default
 on CPU towers: graph edges ('graph') or collective ops ('collective')?
 
 Variants, each its own graph and Session on virtual CPU devices (GPUs when
@@ -48,6 +49,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
+from bench import targets  # noqa: E402
 from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
 from towerlib.update.replicated import DEFAULT_PACK_BYTES  # noqa: E402
@@ -156,9 +158,12 @@ def main(argv):
           "(CPU time) | / parameter_server per repetition, median (middle half) | "
           "collective ops |")
     print("|" + " --- |" * 7)
-    transport_lines = []
+    transport_lines, verdicts = [], []
     for num_towers in (int(t) for t in FLAGS.towers):
         samples, collectives = measure(num_towers)
+        if targets.REPLICATED.applies_to(num_towers):
+            verdicts.append(f"{num_towers} towers, {GRAPH}: " + targets.REPLICATED.verdict_line(
+                statistics.median(paired_ratios(samples, GRAPH, BASELINE))))
         base_wall = median_of(samples, BASELINE, 0)
         base_cpu = median_of(samples, BASELINE, 1)
         for variant in samples:
@@ -174,6 +179,8 @@ def main(argv):
                 f"  {num_towers} towers: collective / graph step time, per repetition: "
                 f"{paired_summary(ratios)} -> {faster} is faster")
     print(f"load average at end {os.getloadavg()[0]:.1f}")
+    for line in verdicts:
+        print(line)
     if transport_lines:
         print(f"TRANSPORT for replicated on {device_kind} towers (decides the default):")
         print("\n".join(transport_lines))

@@ -1,20 +1,22 @@
-"""BENCHMARKS.md: the machine, the command, the tables, the targets.
+"""BENCHMARKS.md: the machine, the command, the tables, the targets' verdicts.
 
 Every number in the report is computed here from the raw results of one run
-(`bench.coordinator.ConfigResult`); nothing is typed in. Cells of a target
-row say whether the target was met, so a missed target is visible in the
-table itself.
+(`bench.coordinator.ConfigResult`); nothing is typed in. The targets
+themselves (which ratio, which bound, where) are data in bench/targets.py;
+this module only renders: cells of a target row say whether the target was
+met, so a missed target is visible in the table itself.
 """
 
-import dataclasses
 import datetime
 import math
 import os
 import platform
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from bench import configs as configs_lib
 from bench import measure
+from bench.targets import (HANDWRITTEN, MIRRORED, SINGLE, TARGETS, TOWERLIB_CIFAR,
+                           TOWERLIB_FIRST)
 
 CHECK = "met"
 CROSS = "**MISSED**"
@@ -63,65 +65,6 @@ def load_average():
 
 def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-# --- targets -------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """A ratio the issue sets a bound on, at some tower counts.
-
-    Attributes:
-      name: what is compared, as the report's row says it.
-      numerator / denominator: (kind, bn_mode, input_source) of the two
-        configurations in the group.
-      quantity: 'step_time' (ratio of seconds per step) or 'throughput'
-        (ratio of images/sec).
-      bound: the limit.
-      upper: True when the ratio must be <= bound, False when >= bound.
-      tower_counts: where the bound applies (None: every count).
-    """
-
-    name: str
-    numerator: Tuple[str, Optional[str], str]
-    denominator: Tuple[str, Optional[str], str]
-    quantity: str
-    bound: float
-    upper: bool
-    tower_counts: Optional[Tuple[int, ...]] = None
-
-    def applies_to(self, num_towers):
-        return self.tower_counts is None or num_towers in self.tower_counts
-
-    def met(self, value):
-        return value <= self.bound if self.upper else value >= self.bound
-
-    @property
-    def bound_text(self):
-        where = ("every tower count" if self.tower_counts is None
-                 else "at " + ", ".join(str(t) for t in self.tower_counts) + " towers")
-        return f"{'<=' if self.upper else '>='} {self.bound:g} {where}"
-
-
-TOWERLIB_FIRST = (configs_lib.TOWERLIB, "first_tower", configs_lib.SYNTHETIC_INPUT)
-HANDWRITTEN = (configs_lib.HANDWRITTEN, None, configs_lib.SYNTHETIC_INPUT)
-MIRRORED = (configs_lib.MIRRORED, None, configs_lib.SYNTHETIC_INPUT)
-SINGLE = (configs_lib.SINGLE_DEVICE, None, configs_lib.SYNTHETIC_INPUT)
-TOWERLIB_CIFAR = (configs_lib.TOWERLIB, "first_tower", configs_lib.CIFAR_FILES_INPUT)
-
-TARGETS = (
-    Target("towerlib first_tower / hand-written towers, step time",
-           TOWERLIB_FIRST, HANDWRITTEN, "step_time", 1.02, upper=True),
-    Target("towerlib first_tower / MirroredStrategy, images/sec",
-           TOWERLIB_FIRST, MIRRORED, "throughput", 1.0, upper=False),
-    Target("towerlib first_tower / MirroredStrategy, images/sec",
-           TOWERLIB_FIRST, MIRRORED, "throughput", 1.5, upper=False, tower_counts=(8,)),
-    Target("towerlib first_tower / one device on the whole batch, step time",
-           TOWERLIB_FIRST, SINGLE, "step_time", 1.10, upper=True, tower_counts=(8,)),
-    Target("CIFAR files / synthetic input (towerlib first_tower), images/sec",
-           TOWERLIB_CIFAR, TOWERLIB_FIRST, "throughput", 0.95, upper=False),
-)
 
 
 def _identity(config):

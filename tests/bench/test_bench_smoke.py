@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from bench import configs, coordinator, measure, report
+from bench import configs, coordinator, measure, report, targets
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE_TOWERS = 2
@@ -136,11 +136,11 @@ def test_report_marks_a_missed_target():
         _result(configs.SINGLE_DEVICE, None, 8, [1.0, 1.0, 1.0]),
     ]
     run = report.RunResults(results, global_batch=128)
-    handwritten_target = report.TARGETS[0]
+    handwritten_target = targets.TARGETS[0]
     ratio = run.ratio("m", 8, handwritten_target.numerator, handwritten_target.denominator,
                       handwritten_target.quantity)
     assert math.isclose(ratio.median, 1.11) and not handwritten_target.met(ratio.median)
-    mirrored = run.ratio("m", 8, report.TOWERLIB_FIRST, report.MIRRORED, "throughput")
+    mirrored = run.ratio("m", 8, targets.TOWERLIB_FIRST, targets.MIRRORED, "throughput")
     assert math.isclose(mirrored.median, 2.0 / 1.11)
     summary = "\n".join(report._targets_summary(run))
     assert report.CROSS in summary and report.CHECK in summary
