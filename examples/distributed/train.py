@@ -165,7 +165,7 @@ def main(argv):
     if cluster is not None and FLAGS.variable_update == "replicated":
         # Every task refuses, the ps too: it would wait for workers that never come.
         sys.stderr.write(
-            "error: --update=replicated is for the towers of one machine; in a "
+            "error: --variable_update=replicated is for the towers of one machine; in a "
             "cluster the variables live on the ps tasks. Fix: drop --variable_update "
             "(parameter_server) with --ps_hosts/--worker_hosts or TF_CONFIG.\n")
         sys.exit(2)
@@ -176,7 +176,12 @@ def main(argv):
         print(f"ps task {cluster.task_index}: every worker is done, exiting.", flush=True)
         return
     else:
-        step, loss = train_replica(cluster)
+        try:
+            step, loss = train_replica(cluster)
+        except cluster_lib.PsUnavailableError as error:
+            # The message names the task and how to restart it: one line, no traceback.
+            sys.stderr.write(f"error: PsUnavailableError: {error}\n")
+            sys.exit(2)
     print(f"finished: global_step={step} loss={loss:.6f}", flush=True)
 
 

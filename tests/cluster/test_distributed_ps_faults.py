@@ -118,4 +118,5 @@ def test_ps_gone_for_good_workers_stop_within_their_bound(processes, tmp_path):
             rf"\(ps:0 at 127\.0\.0\.1:\d+\) and it did not come back within "
             rf"{PS_RESTART_TIMEOUT_SECS} s", log), processes.describe(name)
         assert "restart it with the same command" in log
+        assert "Traceback" not in log, log[-3000:]  # one line (issue 22, item 16)
     assert time.monotonic() - killed_at < bound
