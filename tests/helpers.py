@@ -245,3 +245,20 @@ def run_python_script(script, timeout_secs=120):
     return subprocess.run(
         [sys.executable, "-c", script], capture_output=True, check=False, text=True,
         timeout=timeout_secs, env=env, cwd=REPO_ROOT)
+
+
+def linear_classifier_tower(inputs, ctx):
+    """(features [n, 4] float32, labels [n] int32) -> mean cross entropy of one dense layer."""
+    del ctx
+    weights = tf.compat.v1.get_variable("w", [4, 2])
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=inputs[1], logits=tf.matmul(inputs[0], weights)))
+
+
+def run_time_batches(num_examples, batch_size, take=None):
+    """(features, labels) from a one-shot iterator: the batch size known only at run time."""
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (tf.zeros([num_examples, 4]), tf.zeros([num_examples], tf.int32))).batch(batch_size)
+    if take is not None:
+        dataset = dataset.take(take)
+    return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()

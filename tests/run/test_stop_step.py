@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
+from tests import helpers
 from tests.fault_scripts import tiny_model
 
 
@@ -44,18 +45,9 @@ def test_a_run_at_or_past_max_steps_does_not_step_again(tmp_path, caplog):
 
 def test_an_input_that_ends_before_the_first_step_is_named(tmp_path):
     with tf.Graph().as_default():
-        dataset = tf.data.Dataset.from_tensor_slices(
-            (tf.zeros([8, 4]), tf.zeros([8], tf.int32))).batch(4).take(0)
-        images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-
-        def tower(inputs, ctx):
-            weights = tf.compat.v1.get_variable("w", [4, 2])
-            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=inputs[1], logits=tf.matmul(inputs[0], weights)))
-
         train = towerlib.build_train_graph(
-            tower, (images, labels), tf.compat.v1.train.GradientDescentOptimizer(0.1),
-            devices=["/device:CPU:0"])
+            helpers.linear_classifier_tower, helpers.run_time_batches(8, 4, take=0),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), devices=["/device:CPU:0"])
         with pytest.raises(towerlib.DataError,
                            match=r"^The input ended before the first step \(global step 0, "
                                  r"max_steps=3\): check that the dataset yields"):

@@ -287,17 +287,9 @@ def test_all_towers_moving_statistics_are_numpys_pooled_update():
 def test_run_training_names_a_run_time_batch_too_small_in_its_first_line(tmp_path):
     """Issue 22, item 9: 3 examples, 2 towers, 2 micro-batches, size known at run time."""
     with tf.Graph().as_default():
-        dataset = tf.data.Dataset.from_tensor_slices(
-            (tf.zeros([3, 4]), tf.zeros([3], tf.int32))).batch(3)
-        images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-
-        def tower(inputs, ctx):
-            weights = tf.compat.v1.get_variable("w", [4, 2])
-            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=inputs[1], logits=tf.matmul(inputs[0], weights)))
-
         train = towerlib.build_train_graph(
-            tower, (images, labels), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            helpers.linear_classifier_tower, helpers.run_time_batches(3, 3),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1),
             devices=helpers.cpu_devices(2), accumulation_steps=2)
         with pytest.raises(towerlib.DataError) as raised:
             towerlib.run_training(train, train_dir=str(tmp_path), max_steps=1,
