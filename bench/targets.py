@@ -12,8 +12,8 @@ Two kinds:
                MirroredStrategy, one device, the CIFAR input), checked per
                model and tower count in BENCHMARKS.md's "Targets" table.
   RatioTarget  a ratio one standalone benchmark prints (bench_bn_modes.py,
-               bench_variable_update.py, bench_precision_memory.py), at the
-               setting it names.
+               bench_variable_update.py, bench_precision_memory.py,
+               bench_trace.py), at the setting it names.
 """
 
 import dataclasses
@@ -134,3 +134,11 @@ ACCUMULATION_STEPS = 4
 ACCUMULATION_MEMORY = RatioTarget(
     f"step memory, k = {ACCUMULATION_STEPS} micro-batches / one batch", 0.40,
     statistic="ratio of the medians over fresh processes")
+
+# bench/bench_trace.py: a training loop with trace_steps that are never
+# reached over the same loop without them (issue 21: "no measurable cost").
+# Held to 1.00 on the lower quartile of the paired ratios: met when the
+# middle half reaches 1.00, i.e. any cost is inside the run's own noise.
+UNREACHED_TRACE_HOOK = RatioTarget(
+    "loop with an unreached TraceHook / without, step time", 1.0,
+    statistic="lower quartile of the paired per-repetition ratios")
