@@ -114,33 +114,31 @@ def check_record_file(path: str, expected_bytes: Optional[int] = None) -> int:
     """Checks one CIFAR-10 .bin file; returns its number of records.
 
     Checks, in order: the file exists; its size is a positive multiple of RECORD_BYTES
-    (towerlib's record-size check; or exactly ``expected_bytes`` when given); every label
+    (or exactly ``expected_bytes`` when given); every label
     byte is in 0..9. The labels are read in one strided pass over a memory map (a fraction
     of a second for a 30 MB file).
 
     Raises:
       DataError: naming the file, what is wrong with it and how to fix it.
     """
-    # Imported here, like TensorFlow below (towerlib loads it): generate.py needs neither.
-    from towerlib.checks import data_checks
-
     if not os.path.isfile(path):
         raise DataError("CIFAR-10 data file %r is missing. %s" % (path, _FIX_HINT))
-    found = data_checks.record_file_size(path, RECORD_BYTES)
-    if not found.is_whole:
+    size = os.path.getsize(path)
+    records, leftover = divmod(size, RECORD_BYTES)
+    if not records or leftover:
         raise DataError(
             "CIFAR-10 data file %r has %d bytes, which is not a positive multiple of the "
             "record size %d (1 label byte + %d image bytes): %d whole records and %d bytes "
             "left over. The file is truncated (an interrupted download or copy) or is not a "
             "CIFAR-10 binary file (CIFAR-100 records have 2 label bytes). Fix: delete it and "
             "download again with --download, or regenerate the generated data set."
-            % (path, found.size, RECORD_BYTES, IMAGE_BYTES, found.records, found.leftover)
+            % (path, size, RECORD_BYTES, IMAGE_BYTES, records, leftover)
         )
-    if expected_bytes is not None and found.size != expected_bytes:
+    if expected_bytes is not None and size != expected_bytes:
         raise DataError(
             "CIFAR-10 data file %r has %d bytes but the official release has %d bytes "
             "(%d records) per file. Fix: delete it and download again with --download."
-            % (path, found.size, expected_bytes, expected_bytes // RECORD_BYTES)
+            % (path, size, expected_bytes, expected_bytes // RECORD_BYTES)
         )
     records = np.memmap(path, dtype=np.uint8, mode="r").reshape(-1, RECORD_BYTES)
     labels = np.asarray(records[:, 0])

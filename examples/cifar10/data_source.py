@@ -28,6 +28,12 @@ def default_generated_dir(train_dir: str) -> str:
     return os.path.join(train_dir, GENERATED_SUBDIR)
 
 
+def is_generated_dir(data_dir: str, train_dir: str) -> bool:
+    """Whether data_dir is the generated set of train_dir (recorded as '')."""
+    return not data_dir or os.path.abspath(data_dir) == os.path.abspath(
+        default_generated_dir(train_dir))
+
+
 def prepare(
     data_dir: Optional[str],
     train_dir: str,

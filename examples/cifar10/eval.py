@@ -12,6 +12,9 @@ Each test batch is split over --num_towers towers (unset: as many as the run tra
 GPUs when the machine has them, else virtual CPU devices) by towerlib.build_eval_graph,
 which sums the towers' per-example correct predictions exactly: the precision is the
 one a single device gives, whatever the split.
+
+A run folder that cannot be written (read-only, another user's) is evaluated all the
+same: without --eval_dir the summary is not written, and the log says so.
 """
 
 import dataclasses
@@ -23,9 +26,8 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, data_source, input_pipeline, models, options
-from examples.cifar10 import run_errors, script_runner
+from examples.cifar10 import run_folder, script_runner
 
 logger = logging.getLogger("cifar10")
 
@@ -56,16 +58,14 @@ def write_scalar(log_dir: str, tag: str, value: float, step: int) -> None:
         writer.close()
 
 
-def restore_saver(run_config: config_lib.TrainConfig):
+def restore_saver(run_config):
     """A Saver that loads the EMA weights into the model when the run kept them."""
     if run_config.ema_decay is not None:
         return tf.compat.v1.train.Saver(towerlib.ema_restore_map(run_config.ema_decay))
     return tf.compat.v1.train.Saver()
 
 
-def eval_devices(
-    run_config: config_lib.TrainConfig, num_towers: Optional[int] = None
-) -> List[str]:
+def eval_devices(run_config, num_towers: Optional[int] = None) -> List[str]:
     """The devices to evaluate on: ``num_towers`` of them, or as many as the run trained
     on (its train_config.json; 0 there: one per GPU, else 1), on this machine's devices
     (GPUs when it has them, else virtual CPU devices), whatever the run trained on.
@@ -75,14 +75,14 @@ def eval_devices(
     """
     count = run_config.num_towers if num_towers is None else num_towers
     if num_towers is not None and num_towers < 1:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "--num_towers=%d: evaluate on at least one tower (unset: as many as the run "
             "trained on)." % num_towers
         )
     try:
         return towerlib.tower_devices(count or None)
     except ValueError as e:
-        raise config_lib.ConfigError("--num_towers=%d: %s" % (count, e)) from e
+        raise options.FlagError("--num_towers=%d: %s" % (count, e)) from e
 
 
 def check_batches_fill_the_towers(total: int, batch_size: int, num_towers: int) -> None:
@@ -92,11 +92,11 @@ def check_batches_fill_the_towers(total: int, batch_size: int, num_towers: int) 
       ConfigError: naming a --eval_batch_size that works with this many towers.
     """
     if batch_size < 1:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "--eval_batch_size=%d: use a positive number of examples." % batch_size
         )
     if total < num_towers:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "--num_towers=%d: the test files hold %d examples, fewer than the towers. Fix: "
             "--num_towers=%d or fewer." % (num_towers, total, total)
         )
@@ -107,13 +107,51 @@ def check_batches_fill_the_towers(total: int, batch_size: int, num_towers: int) 
         b for b in range(max(batch_size, num_towers), total + 1)
         if not 0 < total % b < num_towers
     )
-    raise config_lib.ConfigError(
+    raise options.FlagError(
         "--eval_batch_size=%d over %d towers: the %d test examples leave a batch of %d, "
         "and every tower needs at least one example of each batch. Fix: "
         "--eval_batch_size=%d, or fewer --num_towers."
         % (batch_size, num_towers, total, last if batch_size >= num_towers else batch_size,
            works)
     )
+
+
+def _model(run_config) -> models.CifarModel:
+    return models.make_model(run_config.model, run_config.weight_decay,
+                             run_config.bn_momentum)
+
+
+def _few_steps_note(run_config, global_step: int) -> str:
+    """A warning when the batch-norm moving statistics are still mostly their initial
+    values (mean 0, variance 1): after n steps at momentum m, a fraction m**n of them."""
+    initial = run_config.bn_momentum ** global_step
+    if initial < 0.1:
+        return ""
+    return ("; NOTE: the batch-norm moving statistics have seen only %d step(s) at "
+            "--bn_momentum=%g, %.0f%% of them still their initial values: train longer, "
+            "or with a lower --bn_momentum" % (global_step, run_config.bn_momentum,
+                                               100 * initial))
+
+
+def summary_dir(train_dir: str, eval_dir: str = "") -> Optional[str]:
+    """Where the eval script writes its summary: --eval_dir, else <train_dir>/eval when
+    that can be written, else nowhere (a read-only run folder: said in the log).
+
+    Raises:
+      FlagError: --eval_dir was given and cannot be written.
+    """
+    folder = eval_dir or os.path.join(train_dir, "eval")
+    try:
+        towerlib.validate_config(train_dir=folder)  # towerlib's probe: try to write
+    except towerlib.ConfigError as error:
+        reason = error.problems[0].problem
+        if eval_dir:
+            raise options.flag_error("eval_dir", eval_dir, reason,
+                                     "choose a folder this user can write.") from None
+        logger.info("NOTE: %s; evaluating without writing the precision_at_1 summary. "
+                    "Pass --eval_dir=<a writable folder> to keep it.", reason.rstrip("."))
+        return None
+    return folder
 
 
 def _correct_predictions(model: models.CifarModel):
@@ -129,7 +167,7 @@ def _correct_predictions(model: models.CifarModel):
 
 def evaluate_checkpoint(
     checkpoint: str,
-    run_config: config_lib.TrainConfig,
+    run_config,
     test_files: data.SplitFiles,
     batch_size: int = 500,
     eval_dir: Optional[str] = None,
@@ -152,7 +190,7 @@ def evaluate_checkpoint(
             dataset = input_pipeline.eval_dataset(test_files, batch_size)
             images, labels = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         evaluation = towerlib.build_eval_graph(
-            _correct_predictions(run_config.make_model()), (images, labels), devices=devices
+            _correct_predictions(_model(run_config)), (images, labels), devices=devices
         )
         counts = [evaluation.totals["correct"], evaluation.examples]
         saver = restore_saver(run_config)  # the model's variables; the totals are local
@@ -193,6 +231,7 @@ def evaluate_checkpoint(
             time.time() - start,
         )
         + (" with the moving-average weights" if ema else "")
+        + _few_steps_note(run_config, global_step)
     )
     if eval_dir:
         write_scalar(eval_dir, "precision_at_1", precision, global_step)
@@ -200,7 +239,7 @@ def evaluate_checkpoint(
 
 
 def _load_run(train_dir: str, data_dir: Optional[str]):
-    run_config = config_lib.load(train_dir)
+    run_config = run_folder.load(train_dir)
     _, _, test_files = data_source.prepare(
         data_dir or run_config.data_dir, train_dir, log=logger.info, need_train=False
     )
@@ -223,9 +262,9 @@ def evaluate_latest(
     run_config, test_files = _load_run(train_dir, data_dir)
     # The newest checkpoint that reads back (a torn newest one is skipped), as training
     # restores it; not the state file's latest.
-    checkpoint = run_errors.restorable_checkpoint(train_dir)
+    checkpoint = run_folder.restorable_checkpoint(train_dir)
     if not checkpoint:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "No checkpoint in --train_dir=%r yet. Fix: train first (or use --continuous to "
             "wait for one)." % train_dir
         )
@@ -251,14 +290,14 @@ def evaluate_continuously(
         train_dir, min_interval_secs=interval_secs, timeout=timeout_secs
     ):
         # A torn newest checkpoint is skipped for the newest one that reads back.
-        checkpoint = run_errors.restorable_checkpoint(train_dir)
+        checkpoint = run_folder.restorable_checkpoint(train_dir)
         if checkpoint is None or (last is not None and checkpoint == last.checkpoint):
             continue
         last = evaluate_checkpoint(
             checkpoint, run_config, test_files, batch_size, eval_dir, num_towers=num_towers
         )
         # The run may have been restarted with a later last step: re-read its config.
-        run_config = config_lib.load(train_dir)
+        run_config = run_folder.load(train_dir)
         if last.global_step >= run_config.max_steps:
             logger.info("Reached the run's last step %d; done.", run_config.max_steps)
             break
@@ -267,37 +306,18 @@ def evaluate_continuously(
     return last
 
 
-def main(argv):
+def main():
     flags = options.FLAGS
-    eval_dir = flags.eval_dir or os.path.join(flags.train_dir, "eval")
-
-    def body():
-        if flags.continuous:
-            evaluate_continuously(
-                flags.train_dir,
-                flags.data_dir or None,
-                flags.eval_batch_size,
-                eval_dir,
-                flags.eval_interval_secs,
-                flags.eval_timeout_secs,
-                num_towers=flags.num_towers,
-            )
-        else:
-            evaluate_latest(
-                flags.train_dir,
-                flags.data_dir or None,
-                flags.eval_batch_size,
-                eval_dir,
-                num_towers=flags.num_towers,
-            )
-
-    script_runner.run(argv, body)
+    eval_dir = summary_dir(flags.train_dir, flags.eval_dir)
+    if flags.continuous:
+        evaluate_continuously(flags.train_dir, flags.data_dir or None, flags.eval_batch_size,
+                              eval_dir, flags.eval_interval_secs, flags.eval_timeout_secs,
+                              num_towers=flags.num_towers)
+    else:
+        evaluate_latest(flags.train_dir, flags.data_dir or None, flags.eval_batch_size,
+                        eval_dir, num_towers=flags.num_towers)
 
 
 if __name__ == "__main__":
-    from absl import app
-    from absl import flags as absl_flags
-
-    options.define_eval_flags()
-    absl_flags.adopt_module_key_flags(options)  # list them in --help
-    app.run(main)
+    options.define(options.EVAL_FLAGS)
+    script_runner.start(main)

@@ -13,25 +13,77 @@ both returning ``logits`` float32 [N, 10], ``probabilities`` float32 [N, 10] and
 one inference tower (batch norm on its moving statistics); the weights are the moving
 averages when the run kept them. The SavedModel is written to a temporary folder and
 renamed into place, so a half-written export never looks like a finished one.
+
+An existing <export_dir>/<step> is replaced only when it holds nothing but a SavedModel's
+files (an earlier export of that step); a folder with anything else in it is refused
+(--overwrite replaces it anyway), so that no file this script did not write is deleted.
 """
 
+import fnmatch
 import logging
 import os
 import shutil
 import tempfile
-from typing import Optional
+from typing import List, Optional
 
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import config as config_lib
 from examples.cifar10 import data, eval as eval_lib, input_pipeline, models, options
-from examples.cifar10 import run_errors, script_runner
+from examples.cifar10 import run_folder, script_runner
 
 logger = logging.getLogger("cifar10")
 
 INPUT_KEY = "images"
 FLOAT_SIGNATURE = "serving_float"
+# The files of a SavedModel as tf.compat.v1.saved_model.Builder writes it (no assets).
+SAVED_MODEL_FILES = ("saved_model.pb", "fingerprint.pb", "variables/variables.index",
+                     "variables/variables.data-?????-of-?????")
+
+
+def foreign_files(folder: str) -> List[str]:
+    """The files and folders under `folder` that are no part of a SavedModel."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        relative = os.path.relpath(root, folder)
+        for name in dirs:
+            if os.path.normpath(os.path.join(relative, name)) != "variables":
+                found.append(os.path.normpath(os.path.join(relative, name)) + "/")
+        dirs[:] = [d for d in dirs if d == "variables" and relative == "."]
+        for name in files:
+            path = os.path.normpath(os.path.join(relative, name))
+            if not any(fnmatch.fnmatchcase(path, p) for p in SAVED_MODEL_FILES):
+                found.append(path)
+    return sorted(found)
+
+
+def check_export_dir(export_dir: str, given: bool) -> None:
+    """Refuses an export folder that is a file or cannot be written (a read-only run
+    folder), before anything is built. towerlib's probe tries to write."""
+    try:
+        towerlib.validate_config(train_dir=export_dir)
+    except towerlib.ConfigError as error:
+        raise options.flag_error(
+            "export_dir", export_dir if given else "%s (the default)" % export_dir,
+            error.problems[0].problem,
+            "a folder this user can write, e.g. --export_dir=/tmp/cifar10_export.") from None
+
+
+def check_replaceable(destination: str, overwrite: bool) -> None:
+    """Refuses to replace a folder that holds files this script did not write."""
+    if not os.path.exists(destination) or overwrite:
+        return
+    if not os.path.isdir(destination):
+        raise options.FlagError(
+            "%s exists and is not a folder; not replacing it. Fix: move it away, choose "
+            "another --export_dir, or pass --overwrite." % destination)
+    foreign = foreign_files(destination)
+    if foreign:
+        raise options.FlagError(
+            "%s exists and holds files that are no part of an export of this script (%s); "
+            "not deleting them. Fix: another --export_dir, or --overwrite to replace the "
+            "folder whole." % (destination, ", ".join(foreign[:3])
+                               + (", ..." if len(foreign) > 3 else "")))
 
 
 def _outputs(model, images, reuse):
@@ -46,30 +98,37 @@ def _outputs(model, images, reuse):
 
 
 def export(
-    train_dir: str, export_dir: Optional[str] = None, checkpoint: Optional[str] = None
+    train_dir: str,
+    export_dir: Optional[str] = None,
+    checkpoint: Optional[str] = None,
+    overwrite: bool = False,
 ) -> str:
     """Exports ``checkpoint`` (default: the latest in train_dir); returns the SavedModel path.
 
     Raises:
-      ConfigError: train_dir holds no run or no checkpoint.
+      FlagError: train_dir holds no run or no checkpoint; export_dir cannot be written;
+        <export_dir>/<step> holds files of another origin (unless ``overwrite``).
     """
-    run_config = config_lib.load(train_dir)
+    run_config = run_folder.load(train_dir)
     # The newest checkpoint that reads back (as training restores it), not the state
     # file's latest, which may be torn.
-    checkpoint = checkpoint or run_errors.restorable_checkpoint(train_dir)
+    checkpoint = checkpoint or run_folder.restorable_checkpoint(train_dir)
     if not checkpoint:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "No checkpoint in --train_dir=%r to export. Fix: train first." % train_dir
         )
     global_step = int(tf.train.load_variable(checkpoint, "global_step"))
+    check_export_dir(export_dir or os.path.join(train_dir, "export"), bool(export_dir))
     export_dir = export_dir or os.path.join(train_dir, "export")
-    os.makedirs(export_dir, exist_ok=True)
     destination = os.path.join(export_dir, str(global_step))
+    check_replaceable(destination, overwrite)
+    os.makedirs(export_dir, exist_ok=True)
     staging_parent = tempfile.mkdtemp(dir=export_dir, prefix=".exporting-")
     staging = os.path.join(staging_parent, "saved_model")  # Builder wants a new folder
     try:
         with tf.Graph().as_default():
-            model = run_config.make_model()
+            model = models.make_model(
+                run_config.model, run_config.weight_decay, run_config.bn_momentum)
             shape = [None, data.IMAGE_SIZE, data.IMAGE_SIZE, data.IMAGE_CHANNELS]
             uint8_images = tf.compat.v1.placeholder(tf.uint8, shape, name="images_uint8")
             float_images = tf.compat.v1.placeholder(tf.float32, shape, name="images_float")
@@ -93,9 +152,9 @@ def export(
                     strip_default_attrs=True,
                 )
                 builder.save()
-        if os.path.exists(destination):  # re-export of the same step: swap it whole
-            old = os.path.join(staging_parent, "replaced")
-            os.rename(destination, old)
+        if os.path.exists(destination):  # an earlier export of this step (or --overwrite)
+            check_replaceable(destination, overwrite)  # again: it may have changed since
+            os.rename(destination, os.path.join(staging_parent, "replaced"))
         os.rename(staging, destination)
     finally:
         shutil.rmtree(staging_parent, ignore_errors=True)
@@ -108,15 +167,11 @@ def export(
     return destination
 
 
-def main(argv):
+def main():
     flags = options.FLAGS
-    script_runner.run(argv, lambda: export(flags.train_dir, flags.export_dir or None))
+    export(flags.train_dir, flags.export_dir or None, overwrite=flags.overwrite)
 
 
 if __name__ == "__main__":
-    from absl import app
-    from absl import flags as absl_flags
-
-    options.define_export_flags()
-    absl_flags.adopt_module_key_flags(options)  # list them in --help
-    app.run(main)
+    options.define(options.EXPORT_FLAGS)
+    script_runner.start(main)

@@ -20,12 +20,10 @@ import sys  # noqa: E402
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
 
+import towerlib  # noqa: E402
 from examples.cifar10 import data, eval as eval_lib, export as export_lib  # noqa: E402
-from examples.cifar10 import config as config_lib, options, train  # noqa: E402
-from examples.cifar10 import default_dirs, script_runner  # noqa: E402
-from towerlib import cluster as cluster_lib  # noqa: E402
+from examples.cifar10 import default_dirs, options, run_folder, script_runner, train  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 
@@ -38,7 +36,7 @@ MAIN_DEFAULTS = {
     "global_batch_size": 128,
     "learning_rate": 0.01,
     "train_epochs": 16,
-    "lr_decay_epochs": ["10", "14"],
+    "lr_decay_epochs": [10.0, 14.0],
     "bn_momentum": 0.9,
     "ema_decay": 0.99,
     "log_every_n_steps": 50,
@@ -68,11 +66,11 @@ def check_saved_model(
 def refuse_cluster(tf_config: str) -> None:
     """The main job trains on one machine: a cluster in TF_CONFIG is refused."""
     try:
-        cluster = cluster_lib.cluster_from_tf_config(tf_config)
+        cluster = towerlib.cluster.cluster_from_tf_config(tf_config)
     except ValueError:
         cluster = True  # malformed, but meant for a cluster all the same
     if cluster is not None:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "TF_CONFIG describes a cluster, but examples.cifar10.main trains on this "
             "machine only. Fix: run examples.cifar10.train on every task of the cluster "
             "(docs/distributed.md), then examples.cifar10.eval and .export on the chief's "
@@ -80,19 +78,31 @@ def refuse_cluster(tf_config: str) -> None:
         )
 
 
-def run(config, overwrite_train_dir: bool = False) -> dict:
-    """Trains, evaluates and exports; returns the figures printed at the end."""
+def main_defaults() -> dict:
+    """The train flags' defaults, with the main job's own."""
+    return dict(options.train_defaults(), **MAIN_DEFAULTS)
+
+
+def run(args: dict, defaults: dict = None) -> dict:
+    """Trains, evaluates and exports; returns the figures printed at the end.
+
+    Args:
+      args: {flag: value} of the train flags given (the others: the recorded run's, else
+        `defaults`, the main job's when None).
+    """
     start = time.time()
-    result = train.train(config, overwrite_train_dir=overwrite_train_dir)
+    defaults = defaults or main_defaults()
+    train_dir = args.get("train_dir") or defaults["train_dir"]
+    result = train.train(args, defaults)
     trained = time.time()
     evaluation = eval_lib.evaluate_latest(
-        config.train_dir,
+        train_dir,
         batch_size=500,
-        eval_dir=os.path.join(config.train_dir, "eval"),
+        eval_dir=os.path.join(train_dir, "eval"),
         num_towers=len(result.plan.devices),
     )
     evaluated = time.time()
-    saved_model_dir = export_lib.export(config.train_dir)
+    saved_model_dir = export_lib.export(train_dir)
     exported = time.time()
     saved_model_precision = check_saved_model(saved_model_dir, result.plan.test_files)
     done = time.time()
@@ -105,6 +115,8 @@ def run(config, overwrite_train_dir: bool = False) -> dict:
         "saved_model_dir": saved_model_dir,
         "generated": result.plan.test_files.generated,
         "ema": evaluation.ema,
+        "towers": len(result.plan.devices),
+        "train_dir": train_dir,
         "seconds": {
             "train": trained - start,
             "eval": evaluated - trained,
@@ -115,53 +127,31 @@ def run(config, overwrite_train_dir: bool = False) -> dict:
     }
 
 
-def main(argv):
-    def body():
-        refuse_cluster(os.environ.get("TF_CONFIG", ""))
-        config = options.train_config_from_flags()
-        figures = run(config, flags.FLAGS.overwrite_train_dir)
-        seconds = figures["seconds"]
-        print(
-            "\n".join(
-                [
-                    "",
-                    "CIFAR-10 example (%s data), model %s on %d tower(s), global batch %d:"
-                    % (
-                        "GENERATED" if figures["generated"] else "CIFAR-10",
-                        config.model,
-                        len(config.tower_devices()),
-                        config.global_batch_size,
-                    ),
-                    "  final test precision@1 = %.4f (%d/%d) at global step %d%s"
-                    % (
-                        figures["precision_at_1"],
-                        figures["correct"],
-                        figures["examples"],
-                        figures["global_step"],
-                        ", moving-average weights" if figures["ema"] else "",
-                    ),
-                    "  SavedModel %s: precision@1 = %.4f when loaded back"
-                    % (figures["saved_model_dir"], figures["saved_model_precision_at_1"]),
-                    "  time: train %.0f s, eval %.0f s, export %.0f s, check %.0f s; "
-                    "%.0f s in all (process start included)"
-                    % (
-                        seconds["train"],
-                        seconds["eval"],
-                        seconds["export"],
-                        seconds["check"],
-                        time.time() - _PROCESS_START,
-                    ),
-                ]
-            )
-        )
-        sys.stdout.flush()
-
-    script_runner.run(argv, body)
+def main():
+    refuse_cluster(os.environ.get("TF_CONFIG", ""))
+    figures = run(options.given(), options.defaults())
+    seconds = figures["seconds"]
+    run_config = run_folder.load(figures["train_dir"])
+    print("\n".join([
+        "",
+        "CIFAR-10 example (%s data), model %s on %d tower(s), global batch %d:" % (
+            "GENERATED" if figures["generated"] else "CIFAR-10", run_config.model,
+            figures["towers"], run_config.global_batch_size),
+        "  final test precision@1 = %.4f (%d/%d) at global step %d%s" % (
+            figures["precision_at_1"], figures["correct"], figures["examples"],
+            figures["global_step"], ", moving-average weights" if figures["ema"] else ""),
+        "  SavedModel %s: precision@1 = %.4f when loaded back" % (
+            figures["saved_model_dir"], figures["saved_model_precision_at_1"]),
+        "  time: train %.0f s, eval %.0f s, export %.0f s, check %.0f s; %.0f s in all "
+        "(process start included)" % (
+            seconds["train"], seconds["eval"], seconds["export"], seconds["check"],
+            time.time() - _PROCESS_START),
+    ]))
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    options.define_train_flags()
-    flags.adopt_module_key_flags(options)  # list them in --help
+    options.define(options.TRAIN_FLAGS)
     for name, value in MAIN_DEFAULTS.items():
-        flags.FLAGS.set_default(name, value)
-    app.run(main)
+        options.FLAGS.set_default(name, value)
+    script_runner.start(main)

@@ -1,24 +1,17 @@
-"""The two CIFAR-10 models of the example, written once for every tower.
+"""The CIFAR-10 models of the example: the lesson's convnet and the CIFAR ResNets.
 
-Both are `towerlib.TowerModel`s built from `towerlib.layers` and `towerlib.batch_norm`;
-the batch-norm behaviour (`bn_mode`, training or inference) comes from the TowerContext
-each tower is handed, so the same code serves 1 or N towers, training and evaluation.
+The tower function, `CifarModel.build` (logits -> the mean cross-entropy over the tower's
+examples), and the classic tutorial's convnet are in the lesson, train.py; this module
+adds the CIFAR ResNet of He et al. (2016) on the same base, `make_model` for every name,
+and `inference_logits` for the evaluation and the export.
 
-- ``convnet``: the classic multi-GPU tutorial's network (conv 5x5x64, max-pool 3/2,
-  conv 5x5x64, max-pool 3/2, fully connected 384 and 192, linear 10), on the full 32x32
-  image, with batch norm after each convolution where the tutorial had local response
-  normalization (LRN is rarely used today, and batch norm is what the tower modes are about).
-  Weight decay on the fully connected layers only, as in the tutorial.
-- ``resnet<depth>``: the CIFAR ResNet of He et al. (2016), depth = 6n + 2 (20, 32, 44, 56,
-  110): a 3x3x16 convolution, three stages of n basic blocks with 16, 32, 64 filters (the
-  2nd and 3rd stages halve the resolution in their first block, where the shortcut is a
-  1x1 projection with batch norm), global average pooling, linear 10. Weight decay on
-  every convolution and the classifier.
-
-Inputs are standardized images float32 [B, 32, 32, 3] (NHWC) and labels int32 [B]; B is the
-tower's own share of the global batch. With --compute_dtype=bfloat16 or float16 towerlib
-hands the towers the images in that dtype; the layers compute in their input's dtype on
-float32 variables, and `build` casts the logits to float32 before the loss.
+``resnet<depth>``, depth = 6n + 2 (20, 32, 44, 56, 110; 8 for quick tests): a 3x3x16
+convolution, three stages of n basic blocks with 16, 32, 64 filters (the 2nd and 3rd
+stages halve the resolution in their first block, where the shortcut is a 1x1 projection
+with batch norm), global average pooling, linear 10. Weight decay on every convolution
+and the classifier. Inputs are standardized images float32 [B, 32, 32, 3] (NHWC) and
+labels int32 [B], B the tower's own share of the global batch; with --compute_dtype the
+layers compute in their input's dtype on float32 variables.
 """
 
 import re
@@ -28,79 +21,15 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import layers
+# The tower function (CifarModel.build) and the tutorial convnet are the lesson's.
+from examples.cifar10.train import CifarModel, ConvNet
+
+__all__ = ["CifarModel", "ConvNet", "MODEL_NAMES", "ResNet", "inference_logits",
+           "make_model"]
 
 NUM_CLASSES = 10
 STANDARD_RESNET_DEPTHS = (20, 32, 44, 56, 110)
 MODEL_NAMES = ("convnet",) + tuple("resnet%d" % d for d in STANDARD_RESNET_DEPTHS)
-
-
-class CifarModel(towerlib.TowerModel):
-    """Logits from images, and the training loss of one tower.
-
-    Subclasses implement `logits(images, ctx)`. `build` (what towerlib calls per tower)
-    returns a dict: 'loss', the mean cross-entropy over this tower's examples (towerlib
-    weights the towers by their share of the global batch and adds the weight decay that
-    the layers registered, once), plus 'logits' [B, 10].
-    """
-
-    name = "model"
-    default_weight_decay = 0.0
-    default_augmentation = "tutorial"
-
-    def __init__(self, weight_decay: Optional[float] = None, bn_momentum: float = 0.99):
-        self.weight_decay = (
-            self.default_weight_decay if weight_decay is None else weight_decay
-        )
-        if self.weight_decay < 0:
-            raise ValueError("weight_decay must be >= 0, got %r" % self.weight_decay)
-        if not 0.0 < bn_momentum < 1.0:
-            raise ValueError("bn_momentum must be in (0, 1), got %r" % bn_momentum)
-        self.bn_momentum = bn_momentum
-
-    def logits(self, images, ctx):
-        raise NotImplementedError
-
-    def build(self, inputs, ctx):
-        images, labels = inputs
-        # In float32 whatever the towers compute in (--compute_dtype): a softmax over
-        # bfloat16 logits would round the loss to 8 bits before it is averaged.
-        logits = tf.cast(self.logits(images, ctx), tf.float32)
-        with tf.name_scope("loss"):
-            cross_entropy = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-            )
-            correct = tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), labels)
-            towerlib.tower_scalar(
-                ctx, "train_precision_at_1", tf.reduce_mean(tf.cast(correct, tf.float32))
-            )
-        return {"loss": cross_entropy, "logits": logits}
-
-    def _batch_norm(self, x, ctx, name):
-        return towerlib.batch_norm(x, ctx, name=name, momentum=self.bn_momentum)
-
-
-class ConvNet(CifarModel):
-    """The tutorial's convnet (see the module docstring); about 1.8M weights."""
-
-    name = "convnet"
-    default_weight_decay = 0.004
-    default_augmentation = "tutorial"
-
-    def logits(self, images, ctx):
-        h = layers.conv2d(images, 64, 5, name="conv1", use_bias=False)
-        h = tf.nn.relu(self._batch_norm(h, ctx, "conv1_bn"))
-        h = layers.max_pool2d(h, 3, 2)  # 16x16
-        h = layers.conv2d(h, 64, 5, name="conv2", use_bias=False)
-        h = tf.nn.relu(self._batch_norm(h, ctx, "conv2_bn"))
-        h = layers.max_pool2d(h, 3, 2)  # 8x8
-        h = layers.flatten(h)  # 4096
-        h = layers.dense(
-            h, 384, name="local3", activation=tf.nn.relu, weight_decay=self.weight_decay
-        )
-        h = layers.dense(
-            h, 192, name="local4", activation=tf.nn.relu, weight_decay=self.weight_decay
-        )
-        return layers.dense(h, NUM_CLASSES, name="softmax_linear")
 
 
 class ResNet(CifarModel):

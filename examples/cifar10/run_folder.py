@@ -1,117 +1,151 @@
-"""The run's folder (--train_dir): does it hold THIS run, and may it be written?
+"""The run's folder (--train_dir): one run, recorded in train_config.json.
 
-A train_dir holds one run: its checkpoints, its train_config.json, its events. Before
-anything is written, training checks that the folder can take it:
-
-- the folder is a writable directory (or can be created);
-- the run recorded in train_config.json is the run the flags describe: same data, model,
-  optimizer, schedule, seed, and (unless batch norm is synchronized) tower count. Anything
-  else would continue a different run from its checkpoint, or, when that run is
-  finished, report the old model as the result of the new flags. A difference is refused
-  in one line naming each setting and the fix: a new --train_dir, or
-  --overwrite_train_dir to start over in this one;
-- once the graph is built, the checkpoint to restore holds every variable of the graph
+- A restart continues the recorded run: flags NOT given on the command line come from
+  train_config.json (`resolve_flags`), so `train --train_dir=<run> --max_steps=2000` is
+  enough; only given flags that describe another run (data, model, batch, schedule, seed,
+  and the tower count unless --bn_mode=sync) are refused, in one line naming each
+  difference and the fix (a new --train_dir, or --overwrite_train_dir).
+- Once the graph is built, the checkpoint to restore must hold every variable of the graph
   with its shape (catches a folder whose train_config.json is missing).
-
-Only then is train_config.json written (atomically). `start_over` removes what a run
-wrote, keeping the generated data set.
+- Only then is train_config.json written (`record`, atomically). `start_over` removes
+  what a run wrote, keeping the generated data set.
 """
 
-import dataclasses
+import json
 import logging
 import os
 import shutil
+import tempfile
 from typing import List, Optional
 
 import tensorflow as tf
 
 import towerlib
-from towerlib.run import checkpoints
-from examples.cifar10 import config as config_lib
-from examples.cifar10 import data_source
+from examples.cifar10 import data_source, options, run_errors
 
 logger = logging.getLogger("cifar10")
 
+CONFIG_FILE = "train_config.json"
+# Flags that belong to one life of a run, not to the run: never recorded.
+NOT_RECORDED = ("overwrite_train_dir", "trace_steps")
+RECORDED = tuple(n for n in options.TRAIN_FLAG_NAMES if n not in NOT_RECORDED)
 # The settings that make two runs the same computation. The step to stop at, logging,
 # summaries and checkpoint intervals may change between the lives of one run, and so may
 # where variables live and how gradients travel (--variable_update, --param_device,
 # --sync_transport, --gradient_pack_bytes): checkpoints hold the same names either way.
 SAME_RUN_SETTINGS = (
-    "data_dir",
-    "model",
-    "augmentation",
-    "global_batch_size",
-    "bn_mode",
-    "bn_momentum",
-    "compute_dtype",
-    "loss_scale",
-    "accumulation_steps",
-    "optimizer",
-    "momentum",
-    "learning_rate",
-    "scale_lr_with_batch",
-    "lr_decay_epochs",
-    "lr_decay_factor",
-    "warmup_epochs",
-    "weight_decay",
-    "ema_decay",
-    "train_epochs",
-    "seed",
+    "data_dir", "model", "augmentation", "global_batch_size", "bn_mode", "bn_momentum",
+    "compute_dtype", "loss_scale", "accumulation_steps", "optimizer", "momentum",
+    "learning_rate", "scale_lr_with_batch", "lr_decay_epochs", "lr_decay_factor",
+    "warmup_epochs", "weight_decay", "ema_decay", "train_epochs", "seed",
 )
 
 
-def _comparable(config: config_lib.TrainConfig, name: str):
-    value = getattr(config, name)
+def load(train_dir: str):
+    """The run recorded in train_dir, as a namespace of its flags (a flag newer than the
+    record has its default).
+
+    Raises:
+      FlagError: there is none (not a run's folder), or it is damaged.
+    """
+    path = os.path.join(train_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise options.FlagError(
+            "No %s in --train_dir=%r: it was not written by examples/cifar10/train.py (or "
+            "training has not started). Fix: point --train_dir at a training run's folder."
+            % (CONFIG_FILE, train_dir))
+    try:
+        with open(path) as f:
+            recorded = json.load(f)
+        values = options.train_defaults()
+        values.update({k: v for k, v in recorded.items() if k in RECORDED})
+        return options.namespace(options.normalized(values))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise options.FlagError(
+            "%s is damaged (%s). Fix: retrain into a fresh --train_dir." % (path, e)) from None
+
+
+def _comparable(values, name):
+    value = getattr(values, name)
     if name == "data_dir":
-        # Unset, or recorded as <some train_dir>/generated_data: the generated set.
-        if value is None or os.path.basename(os.path.normpath(value)) == (
-            data_source.GENERATED_SUBDIR
-        ):
+        # Empty, or <some train_dir>/generated_data (older records): the generated set.
+        if not value or os.path.basename(os.path.normpath(value)) == (
+                data_source.GENERATED_SUBDIR):
             return "the generated data"
         return os.path.abspath(value)
-    if name == "lr_decay_epochs":
-        return [float(e) for e in value]
     return value
 
 
-def differences(
-    saved: config_lib.TrainConfig, config: config_lib.TrainConfig
-) -> List[str]:
-    """'recorded --name=X, flags --name=Y' for each setting where the two runs differ."""
-    names = list(SAME_RUN_SETTINGS)
-    if config.bn_mode != "sync":  # each tower's statistics come from its share
+def resolve_flags(given: dict, defaults: Optional[dict] = None):
+    """The run's flags: those given, else the recorded run's, else the defaults.
+
+    Args:
+      given: {flag: value} of the flags given (on the command line, or by a caller).
+      defaults: the flags' defaults (main.py has its own); None: the train script's.
+
+    Raises:
+      FlagError: a given flag describes another run than train_dir holds.
+    """
+    values = dict(defaults or options.train_defaults())
+    values.update(given)
+    values = options.normalized(values)
+    train_dir = values["train_dir"]
+    if values["overwrite_train_dir"] or not os.path.isfile(
+            os.path.join(train_dir, CONFIG_FILE)):
+        return options.namespace(values)
+    recorded = load(train_dir)
+    if "max_steps" in given and "train_epochs" not in given:
+        recorded.train_epochs = 0.0  # a --max_steps given is where to stop
+    asked = options.namespace(values)
+    names = [n for n in SAME_RUN_SETTINGS if n in given]
+    bn_mode = given.get("bn_mode", recorded.bn_mode)
+    if "num_towers" in given and bn_mode != "sync":  # each tower's statistics its own
         names.append("num_towers")
-    found = []
-    for name in names:
-        recorded, asked = _comparable(saved, name), _comparable(config, name)
-        if recorded != asked:
-            found.append("recorded --%s=%s, flags --%s=%s" % (name, recorded, name, asked))
-    return found
-
-
-def check_writable(train_dir: str) -> None:
-    """Refuses a train_dir that is a file, lies under a file, or cannot be written."""
-    try:
-        towerlib.validate_config(train_dir=train_dir)
-    except towerlib.ConfigError as e:
-        reasons = " ".join(p.problem for p in e.problems if p.option == "train_dir")
-        raise config_lib.ConfigError(
-            "--train_dir=%r: %s Fix: choose a writable folder." % (train_dir, reasons)
-        ) from None
-
-
-def check_flags_match_folder(config: config_lib.TrainConfig) -> None:
-    """Refuses flags that describe another run than the one train_dir holds."""
-    if not os.path.isfile(os.path.join(config.train_dir, config_lib.CONFIG_FILE)):
-        return
-    found = differences(config_lib.load(config.train_dir), config)
+    found = ["recorded --%s=%s, flags --%s=%s" % (n, options.shown(_comparable(recorded, n)),
+                                                  n, options.shown(_comparable(asked, n)))
+             for n in names if _comparable(recorded, n) != _comparable(asked, n)]
     if found:
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "--train_dir=%r holds another run than these flags describe (%s). Fix: a new "
-            "--train_dir, the recorded values to continue that run, or "
+            "--train_dir, the recorded values (or no such flag) to continue that run, or "
             "--overwrite_train_dir to delete it and start over."
-            % (config.train_dir, "; ".join(found))
-        )
+            % (train_dir, "; ".join(found)))
+    for name in RECORDED:
+        if name not in given:
+            values[name] = getattr(recorded, name)
+    values["train_dir"] = train_dir
+    return options.namespace(values)
+
+
+def record(flags, data_dir: str, max_steps: int) -> str:
+    """Writes train_dir/train_config.json atomically (fsynced, renamed into place) for
+    eval, export and restarts: the flags, the data folder ('' for the generated set in
+    train_dir) and the last step actually used."""
+    values = {name: getattr(flags, name) for name in RECORDED}
+    values.update(data_dir="" if data_source.is_generated_dir(data_dir, flags.train_dir)
+                  else data_dir, max_steps=max_steps)
+    os.makedirs(flags.train_dir, exist_ok=True)
+    path = os.path.join(flags.train_dir, CONFIG_FILE)
+    handle, staging = tempfile.mkstemp(dir=flags.train_dir, prefix="." + CONFIG_FILE)
+    with os.fdopen(handle, "w") as f:
+        json.dump(values, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, path)
+    return path
+
+
+def restorable_checkpoint(train_dir: str) -> Optional[str]:
+    """The checkpoint a (re)start restores, as towerlib chooses it: the newest that reads
+    back completely (a torn newer one skipped), or None. Train, eval and export all ask
+    this, never the state file alone."""
+    return run_errors.restorable_checkpoint(train_dir)
+
+
+def checkpoint_step(train_dir: str) -> int:
+    """The global step of the checkpoint a restart restores, or 0 when there is none."""
+    checkpoint = restorable_checkpoint(train_dir)
+    return int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
 
 
 def check_checkpoint_fits_graph(checkpoint: Optional[str], train_dir: str) -> None:
@@ -126,48 +160,38 @@ def check_checkpoint_fits_graph(checkpoint: Optional[str], train_dir: str) -> No
         if name not in stored:
             missing.append(name)
         elif list(stored[name]) != variable.shape.as_list():
-            reshaped.append(
-                "%s %s, not %s" % (name, stored[name], variable.shape.as_list())
-            )
+            reshaped.append("%s %s, not %s" % (name, stored[name], variable.shape.as_list()))
     for saveable in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS):
         if not any(spec.name in stored for spec in saveable.specs):
             missing.append("%s (the data position)" % saveable.name)
     if missing or reshaped:
         problems = []
         if missing:
-            problems.append(
-                "it lacks %d variable(s) of this model, e.g. %s"
-                % (len(missing), ", ".join(missing[:3]))
-            )
+            problems.append("it lacks %d variable(s) of this model, e.g. %s"
+                            % (len(missing), ", ".join(missing[:3])))
         if reshaped:
             problems.append("shapes differ: %s" % ", ".join(reshaped[:3]))
-        raise config_lib.ConfigError(
+        raise options.FlagError(
             "The checkpoint %s in --train_dir=%r is of another model or optimizer (%s). "
             "Fix: a new --train_dir, the flags of the run that wrote it, or "
             "--overwrite_train_dir to delete it and start over."
-            % (checkpoint, train_dir, "; ".join(problems))
-        )
+            % (checkpoint, train_dir, "; ".join(problems)))
 
 
 def _is_run_file(name: str) -> bool:
-    return (
-        name.startswith("model.ckpt")
-        or name.startswith("events.out.tfevents")
-        or name.startswith(checkpoints.STATE_FILENAME)
-        or name.startswith(config_lib.CONFIG_FILE)
-        or name.startswith("." + config_lib.CONFIG_FILE)
-        or name in (checkpoints.SAVING_DIRNAME, "eval", "export")
-    )
+    return (name.startswith(("model.ckpt", "events.out.tfevents", "checkpoint",
+                             CONFIG_FILE, "." + CONFIG_FILE, ".saving"))
+            or name in ("eval", "export", "traces"))
 
 
 def start_over(train_dir: str) -> List[str]:
     """Deletes the run in train_dir (checkpoints, state, events, train_config.json,
-    eval/, export/), keeping anything else, e.g. the generated data; returns what went.
-    train_config.json goes first, so an interrupted start-over is never resumed."""
+    eval/, export/, traces/), keeping anything else, e.g. the generated data; returns what
+    went. train_config.json goes first, so an interrupted start-over is never resumed."""
     if not os.path.isdir(train_dir):
         return []
     names = sorted(n for n in os.listdir(train_dir) if _is_run_file(n))
-    names.sort(key=lambda n: not n.startswith(config_lib.CONFIG_FILE))
+    names.sort(key=lambda n: not n.startswith(CONFIG_FILE))
     for name in names:
         path = os.path.join(train_dir, name)
         if os.path.isdir(path):
@@ -175,18 +199,10 @@ def start_over(train_dir: str) -> List[str]:
         else:
             os.remove(path)
     if names:
-        logger.info(
-            "--overwrite_train_dir: deleted the previous run in %s (%d files and folders).",
-            train_dir,
-            len(names),
-        )
+        logger.info("--overwrite_train_dir: deleted the previous run in %s (%d files and "
+                    "folders).", train_dir, len(names))
     return names
 
 
-def record(config: config_lib.TrainConfig, data_dir: str, max_steps: int) -> str:
-    """Writes train_dir/train_config.json (atomically) for eval, export and restarts:
-    the flags, with the data folder and the last step actually used."""
-    return config_lib.save(
-        dataclasses.replace(config, data_dir=data_dir, max_steps=max_steps),
-        config.train_dir,
-    )
+__all__ = ["CONFIG_FILE", "check_checkpoint_fits_graph", "checkpoint_step", "load",
+           "record", "resolve_flags", "restorable_checkpoint", "start_over", "towerlib"]

@@ -14,7 +14,7 @@ optional linear warm-up over the first epochs.
 """
 
 import dataclasses
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -95,37 +95,39 @@ def epochs_to_steps(epochs: float, examples_per_epoch: int, global_batch_size: i
 MAX_LEARNING_RATE = 10.0
 
 
-def check_settings(
+def settings_problem(
     base_rate: float,
     decay_epochs: Sequence[float],
     decay_factor: float,
     warmup_epochs: float,
-) -> List[float]:
+) -> Optional[Tuple[str, object, str]]:
+    """The first problem of the schedule's settings, as (train flag, value, what is
+    wrong), or None. A rate <= 0 is towerlib's to refuse (validate_config's
+    learning_rate); above MAX_LEARNING_RATE is this example's."""
+    if not base_rate <= MAX_LEARNING_RATE:  # also refuses NaN and Inf
+        return ("learning_rate", base_rate, "the learning rate must be at most %g (e.g. 0.1 "
+                "for SGD with momentum on CIFAR)." % MAX_LEARNING_RATE)
+    if not 0 < decay_factor <= 1:
+        return ("lr_decay_factor", decay_factor, "the decay factor must be in (0, 1].")
+    decay_epochs = [float(e) for e in decay_epochs]
+    if any(e <= 0 for e in decay_epochs) or decay_epochs != sorted(decay_epochs):
+        return ("lr_decay_epochs", decay_epochs,
+                "learning-rate decay epochs must be positive and ascending.")
+    if not warmup_epochs >= 0:
+        return ("warmup_epochs", warmup_epochs, "the warm-up must be >= 0 epochs.")
+    return None
+
+
+def check_settings(base_rate, decay_epochs, decay_factor, warmup_epochs) -> List[float]:
     """Checks the schedule's settings; returns decay_epochs as floats.
 
     Raises:
       ValueError: with what is wrong, for a bad rate, factor or epoch list.
     """
-    if not base_rate > 0:
-        raise ValueError("The learning rate must be > 0, got %r." % base_rate)
-    if not base_rate <= MAX_LEARNING_RATE:  # also refuses NaN and Inf
-        raise ValueError(
-            "The learning rate must be at most %g, got %r (e.g. 0.1 for SGD with "
-            "momentum on CIFAR)." % (MAX_LEARNING_RATE, base_rate)
-        )
-    if not 0 < decay_factor <= 1:
-        raise ValueError(
-            "The learning-rate decay factor must be in (0, 1], got %r." % decay_factor
-        )
-    decay_epochs = [float(e) for e in decay_epochs]
-    if any(e <= 0 for e in decay_epochs) or decay_epochs != sorted(decay_epochs):
-        raise ValueError(
-            "Learning-rate decay epochs must be positive and ascending, got %s."
-            % decay_epochs
-        )
-    if warmup_epochs < 0:
-        raise ValueError("warmup_epochs must be >= 0, got %r." % warmup_epochs)
-    return decay_epochs
+    problem = settings_problem(base_rate, decay_epochs, decay_factor, warmup_epochs)
+    if problem or not base_rate > 0:
+        raise ValueError(problem[2] if problem else "The learning rate must be > 0.")
+    return [float(e) for e in decay_epochs]
 
 
 def make_schedule(

@@ -1,338 +1,251 @@
-r"""Train a CIFAR-10 model on several towers (GPUs, or virtual CPU devices) with towerlib.
+r"""Train a CIFAR-10 model on several towers with towerlib: the example's lesson.
 
-    python -m examples.cifar10.train --num_towers=2 --model=convnet \
-        --global_batch_size=128 --train_epochs=20 --train_dir=/tmp/cifar10_train
+    python -m examples.cifar10.train --num_towers=2 --train_epochs=20 --bn_mode=sync \
+        --variable_update=replicated --compute_dtype=bfloat16 --trace_steps=20,21
 
-One optimizer step consumes one GLOBAL batch, split over the towers; the learning-rate
-schedule is stated in epochs of global batches, so it means the same for any tower count.
-Logs step, loss, examples/sec and sec/batch; writes TensorBoard summaries (loss, total
-loss, learning rate, training precision) and checkpoints to --train_dir, and a restarted
-run continues from the last checkpoint's global step. Without --data_dir it trains on the
-built-in generated data set and says so.
-
-On a cluster (--ps_hosts, --worker_hosts, --job_name, --task_index, or TF_CONFIG) every
-task runs this script with the same flags: a ps task serves the variables until every
-worker is done; each worker trains its towers on its own shard of the training data with
-global_batch_size / workers examples per step, synchronously (one global step per global
-batch, as on one machine); worker 0, the chief, alone writes train_dir. One ps and two
-workers on one machine (docs/distributed.md):
-
-    HOSTS="--ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2223,127.0.0.1:2224"
-    python -m examples.cifar10.train $HOSTS --job_name=ps --task_index=0 &
-    python -m examples.cifar10.train $HOSTS --job_name=worker --task_index=0 \
-        --num_towers=2 --train_dir=/tmp/cifar10_dist &
-    python -m examples.cifar10.train $HOSTS --job_name=worker --task_index=1 \
-        --num_towers=2 --train_dir=/tmp/cifar10_dist &
+Top to bottom: 1. the tower function (the model), written once and built by towerlib on
+every device; 2. the input, one GLOBAL batch per optimizer step; 3. the strategies, made
+from the flags as towerlib objects, and every flag checked at once; 4. build_train_graph
+and run_training. It uses `import towerlib` and its public names only; the folder's other
+modules are a real job's machinery (flags, data, the run folder, errors; docs/cifar10.md).
+Rerun with the same --train_dir to resume: flags not given come from the recorded run.
 """
 
-import dataclasses
 import logging
 import time
-from typing import Optional
 
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import config as config_lib
-from examples.cifar10 import input_pipeline, options, run_errors, run_folder
+from towerlib import layers
+from examples.cifar10 import input_pipeline, options, planning, run_errors, run_folder
 from examples.cifar10 import script_runner
-from examples.cifar10.planning import TrainPlan, describe, make_plan
-from towerlib import cluster as cluster_lib
 
 logger = logging.getLogger("cifar10")
 
-
-@dataclasses.dataclass
-class TrainResult:
-    global_step: int  # where training stopped
-    start_step: int  # where it started (> 0 when resumed from a checkpoint)
-    loss: Optional[float]  # the last step's loss (None when no step ran)
-    seconds: float  # wall time of the training loop
-    plan: TrainPlan
+# --- 1. The tower function: the model, written once for every tower ----------------------
 
 
-def _inputs_and_optimizer(plan: TrainPlan):
-    """The global step, this process's batch, the learning rate and the optimizer, built
-    on the host CPU (in a cluster: under the ps placer, so the step lands on a ps task and
-    the input on this worker).
+class CifarModel(towerlib.TowerModel):
+    """One tower's loss on its share of the global batch; subclasses give the logits.
 
-    Returns:
-      (global_step, (images, labels), learning-rate tensor, optimizer).
+    towerlib calls build(inputs, ctx) once per tower, on its device, with its examples;
+    ctx says which tower it is and how batch norm runs. Every tower shares the variables.
     """
-    config = plan.config
+
+    default_weight_decay = 0.0
+    default_augmentation = "tutorial"
+
+    def __init__(self, weight_decay=None, bn_momentum=0.99):
+        self.weight_decay = self.default_weight_decay if weight_decay is None else weight_decay
+        self.bn_momentum = bn_momentum
+
+    def build(self, inputs, ctx):
+        images, labels = inputs
+        # In float32 whatever the towers compute in (--compute_dtype): a softmax over
+        # bfloat16 logits would round the loss to 8 bits before it is averaged.
+        logits = tf.cast(self.logits(images, ctx), tf.float32)
+        with tf.name_scope("loss"):
+            cross_entropy = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=labels, logits=logits))  # the mean over THIS tower's examples
+            correct = tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), labels)
+            towerlib.tower_scalar(  # one summary, the towers' weighted mean
+                ctx, "train_precision_at_1", tf.reduce_mean(tf.cast(correct, tf.float32)))
+        return {"loss": cross_entropy, "logits": logits}
+
+    def _batch_norm(self, x, ctx, name):
+        return towerlib.batch_norm(x, ctx, name=name, momentum=self.bn_momentum)
+
+
+class ConvNet(CifarModel):
+    """The classic multi-GPU tutorial's network, with batch norm where it had LRN."""
+
+    name = "convnet"
+    default_weight_decay = 0.004  # on the fully connected layers only, as in the tutorial
+
+    def logits(self, images, ctx):
+        h = layers.conv2d(images, 64, 5, name="conv1", use_bias=False)
+        h = layers.max_pool2d(tf.nn.relu(self._batch_norm(h, ctx, "conv1_bn")), 3, 2)
+        h = layers.conv2d(h, 64, 5, name="conv2", use_bias=False)
+        h = layers.max_pool2d(tf.nn.relu(self._batch_norm(h, ctx, "conv2_bn")), 3, 2)
+        h = layers.flatten(h)  # 8 x 8 x 64
+        for width, name in ((384, "local3"), (192, "local4")):
+            h = layers.dense(h, width, name=name, activation=tf.nn.relu,
+                             weight_decay=self.weight_decay)  # counted once, not per tower
+        return layers.dense(h, 10, name="softmax_linear")
+
+
+def make_model(name, weight_decay=None, bn_momentum=0.99) -> CifarModel:
+    """'convnet', or a CIFAR ResNet of depth 6n+2 ('resnet20', 'resnet8' for quick tests)."""
+    if name == "convnet":
+        return ConvNet(weight_decay, bn_momentum)
+    from examples.cifar10 import models  # the ResNets, built on CifarModel above
+    return models.make_model(name, weight_decay, bn_momentum)
+
+
+# --- 2. The input: the GLOBAL batch, and the optimizer -------------------------------------
+
+
+def inputs_and_optimizer(plan):
+    """The global step, this process's batch (images, labels), the learning rate and the
+    optimizer, on the host CPU. The batch is the global batch (a worker's share of it on a
+    cluster): towerlib splits it over the towers, so the input knows no tower count."""
+    flags = plan.flags
     with tf.device("/device:CPU:0"):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with tf.name_scope("input"):
             dataset = input_pipeline.train_dataset(
-                plan.train_files,
-                plan.batch_size,
-                config.resolved_augmentation(),
-                seed=config.seed,
-                num_shards=plan.num_shards,
-                shard_index=plan.shard_index,
-            )
-            if plan.cluster is None:
-                # The data position is saved in every checkpoint: a restart reads on.
-                iterator = towerlib.saved_position_iterator(dataset)
-            else:
-                # Only the chief saves; the other workers' positions are not kept.
-                iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-            images, labels = iterator.get_next()
-        learning_rate = plan.lr_schedule.tensor(global_step)
-        if config.optimizer == "momentum":
-            optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, config.momentum)
+                plan.train_files, plan.batch_size, plan.augmentation, seed=flags.seed,
+                num_shards=plan.num_shards, shard_index=plan.shard_index)
+            # Its position (files, shuffle buffer, random streams) goes into every
+            # checkpoint: a restart reads on. (On a cluster only the chief would save it.)
+            iterator = (towerlib.saved_position_iterator(dataset) if plan.cluster is None
+                        else tf.compat.v1.data.make_one_shot_iterator(dataset))
+            batch = iterator.get_next()
+        learning_rate = plan.lr_schedule.tensor(global_step)  # in epochs of global batches
+        if flags.optimizer == "momentum":
+            optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, flags.momentum)
         else:
             optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
-    return global_step, (images, labels), learning_rate, optimizer
+    return global_step, batch, learning_rate, optimizer
 
 
-def build_training(plan: TrainPlan):
-    """Builds the input pipeline and the multi-tower training step in the default graph.
-
-    Returns:
-      (towerlib.TrainGraph, learning-rate tensor).
-    """
-    config = plan.config
-    if plan.cluster is not None:
-        raise ValueError("build_training is for one machine; use build_replica_training.")
-    if config.seed is not None:
-        # Graph seed, Python and NumPy: with the seeded, order-keeping input pipeline a
-        # run repeats bit for bit on CPU (TF's op determinism is not needed there:
-        # tests/examples/test_cifar10_exact_runs.py).
-        towerlib.seed_everything(config.seed)
-    global_step, (images, labels), learning_rate, optimizer = _inputs_and_optimizer(plan)
-    train_graph = towerlib.build_train_graph(
-        config.make_model(),
-        (images, labels),
-        optimizer,
-        devices=plan.devices,
-        bn_mode=config.bn_mode,
-        update=(towerlib.Replicated(pack_bytes=config.gradient_pack_bytes)
-                if config.variable_update == "replicated"
-                else towerlib.ParameterServer(device=config.param_device or "cpu")),
-        precision=(towerlib.Float16(loss_scale=config.resolved_loss_scale() or "dynamic")
-                   if config.compute_dtype == "float16" else config.compute_dtype),
-        exchange=(config.sync_transport or None
-                  if config.bn_mode == "sync" or config.variable_update == "replicated"
-                  else None),
-        accumulation_steps=config.accumulation_steps,
-        global_step=global_step,
-        ema_decay=config.ema_decay,
-        learning_rate=learning_rate,
-    )
-    return train_graph, learning_rate
+# --- 3. The strategies from the flags, every flag checked at once -------------------------
 
 
-def build_replica_training(plan: TrainPlan):
-    """Builds this worker's synchronous training step in the default graph.
-
-    Variables go to the ps tasks (ParameterServerPlacer, by byte size); the input (this
-    worker's shard), the towers and the tower-gradient sum run on this worker; the
-    workers' gradients are averaged by towerlib.cluster's SyncReplicas optimizer.
-
-    Returns:
-      (towerlib.cluster.SyncTrainGraph, learning-rate tensor).
-    """
-    config = plan.config
-    cluster = plan.cluster
-    if config.seed is not None:
-        # The chief (replica 0), which initializes the weights, keeps the seed; the other
-        # workers draw other augmentations for their examples.
-        tf.compat.v1.set_random_seed(config.seed + cluster.replica_index)
-    placer = cluster_lib.ParameterServerPlacer(cluster)
-    with tf.compat.v1.device(placer):
-        global_step, inputs, learning_rate, optimizer = _inputs_and_optimizer(plan)
-    sync_graph = cluster_lib.build_sync_train_graph(
-        config.make_model(),
-        inputs,
-        optimizer,
-        cluster,
-        num_towers=config.num_towers or None,
-        device_type=config.device_type,
-        bn_mode=config.bn_mode,
-        ema_decay=config.ema_decay,
-        precision=config.compute_dtype,
-        accumulation_steps=config.accumulation_steps,
-        device_function=placer,
-        global_step=global_step,
-        learning_rate=learning_rate,
-    )
-    return sync_graph, learning_rate
+def strategies(flags):
+    """(update, precision, exchange): the strategy flags as towerlib's objects, each
+    checking its arguments when made. A name that is no strategy (--variable_update=
+    mirrored) is passed on as it is, for towerlib to refuse."""
+    options.refuse_unused_strategy_flags(flags)  # e.g. --loss_scale with bfloat16
+    update = flags.variable_update
+    if update == "parameter_server":
+        with options.blamed_on(flags, "param_device"):
+            update = towerlib.ParameterServer(device=flags.param_device or "cpu")
+    elif update == "replicated":
+        with options.blamed_on(flags, "gradient_pack_bytes"):
+            update = towerlib.Replicated(pack_bytes=flags.gradient_pack_bytes)
+    precision = {"float32": towerlib.Float32(), "bfloat16": towerlib.BFloat16()}.get(
+        flags.compute_dtype, flags.compute_dtype)
+    if flags.compute_dtype == "float16":
+        with options.blamed_on(flags, "loss_scale"):
+            precision = towerlib.Float16(
+                loss_scale=options.number_or_name(flags.loss_scale or "dynamic"))
+    exchange = {"graph": towerlib.GraphExchange(), "collective": towerlib.CollectiveExchange()
+                }.get(flags.sync_transport, flags.sync_transport or None)  # None: by device
+    return update, precision, exchange
 
 
-def checkpoint_step(train_dir: str) -> int:
-    """The global step of the newest restorable checkpoint in train_dir (the one
-    run_training restores, a torn newer one skipped), or 0 when there is none."""
-    checkpoint = run_errors.restorable_checkpoint(train_dir)
-    if not checkpoint:
-        return 0
-    return int(tf.train.load_variable(checkpoint, "global_step"))
+# towerlib's option -> the flag that gives it (the others are named alike).
+FLAG_OF = {"update": "variable_update", "precision": "compute_dtype",
+           "exchange": "sync_transport"}
 
 
-
-def _loop_settings(plan: TrainPlan) -> dict:
-    """The settings of the training loop, the same on one machine and on a cluster.
-
-    examples_per_step is the global batch in a cluster too: the throughput logged is the
-    whole cluster's, one step being one global batch.
-    """
-    config = plan.config
-    return dict(
-        train_dir=config.train_dir,
-        max_steps=plan.max_steps,
-        log_every_n_steps=config.log_every_n_steps,
-        save_checkpoint_steps=config.save_checkpoint_steps,
-        save_summaries_steps=config.save_summaries_steps,
-        examples_per_step=config.global_batch_size,
-    )
-
-
-def _run_one_machine(plan: TrainPlan, restore_from: Optional[str]):
-    train_graph, _ = build_training(plan)
-    run_folder.check_checkpoint_fits_graph(restore_from, plan.config.train_dir)
-    run_folder.record(plan.config, plan.data_dir, plan.max_steps)  # every check passed
-    return towerlib.run_training(
-        train_graph,
-        session_config=towerlib.session_config(len(plan.devices)),
-        **_loop_settings(plan),
-    )
-
-
-def _run_replica(plan: TrainPlan, startup_timeout_secs: float, restore_from):
-    sync_graph, _ = build_replica_training(plan)
-    if plan.is_chief:
-        run_folder.check_checkpoint_fits_graph(restore_from, plan.config.train_dir)
-        run_folder.record(plan.config, plan.data_dir, plan.max_steps)
-    server = cluster_lib.start_server(plan.cluster, len(plan.devices))
-    return cluster_lib.run_distributed_training(
-        sync_graph,
-        server,
-        startup_timeout_secs=startup_timeout_secs,
-        **_loop_settings(plan),
-    )
+def check_flags(flags, update, precision, exchange, cluster=None):
+    """Checks every flag before anything is built; returns (model, this process's batch).
+    towerlib's options go through ONE towerlib.validate_config call (build_train_graph's
+    and run_training's own checks); a problem stops the script: error: --flag=value: ..."""
+    batch = flags.global_batch_size
+    if cluster is not None:  # each worker splits its share of the global batch
+        batch = planning.check_cluster_flags(flags, cluster, precision)
+    try:
+        towerlib.validate_config(
+            num_towers=flags.num_towers or None, device_type=flags.device_type or None,
+            global_batch_size=batch, bn_mode=flags.bn_mode, update=update,
+            precision=precision, exchange=exchange, ema_decay=flags.ema_decay,
+            accumulation_steps=flags.accumulation_steps, learning_rate=flags.learning_rate,
+            train_dir=flags.train_dir, max_steps=flags.max_steps,
+            save_checkpoint_steps=flags.save_checkpoint_steps,
+            save_summaries_steps=flags.save_summaries_steps,
+            log_every_n_steps=flags.log_every_n_steps, trace_steps=flags.trace_steps,
+            probe_writes=cluster is None or cluster.is_chief)
+    except towerlib.ConfigError as error:
+        problem = error.problems[0]
+        flag = FLAG_OF.get(problem.option, problem.option)
+        value = getattr(flags, flag, "")
+        if flag == "global_batch_size" and batch != value:
+            value = "%d (%d per worker)" % (value, batch)
+        raise options.flag_error(flag, value, problem.problem, problem.fix) from None
+    return options.check_own_flags(flags, make_model), batch  # --model, the schedule...
 
 
-def train(
-    config: config_lib.TrainConfig,
-    cluster: Optional[cluster_lib.ClusterInfo] = None,
-    startup_timeout_secs: float = 600.0,
-    overwrite_train_dir: bool = False,
-) -> TrainResult:
-    """Runs (or resumes) training as ``config`` says; returns where it stopped.
+# --- 4. Build the step on every tower, and run it -------------------------------------------
 
-    Args:
-      config: the run's settings.
-      cluster: this worker's task in a cluster (serve_parameters runs a ps task); None to
-        train on this machine only.
-      startup_timeout_secs: in a cluster, how long to wait for the ps tasks to answer and,
-        on a worker other than the chief, for the chief to initialize the model.
-      overwrite_train_dir: delete the run in train_dir (if any) and start over, instead
-        of refusing flags that describe another run.
 
-    train_config.json is written only once every check passed, the graph built and the
-    checkpoint to restore found to fit it (run_folder).
-    """
-    plan = make_plan(config, cluster, overwrite_train_dir)
-    if plan.is_chief and overwrite_train_dir:
-        run_folder.start_over(config.train_dir)
-    logger.info(describe(plan))
-    # Only the chief restores; another worker's train_dir may not even be the chief's.
-    restore_from = (
-        run_errors.restorable_checkpoint(config.train_dir) if plan.is_chief else None
-    )
-    start_step = (
-        int(tf.train.load_variable(restore_from, "global_step")) if restore_from else 0
-    )
-    if start_step:
-        logger.info(
-            "Resuming from the checkpoint in %s at global step %d.",
-            config.train_dir,
-            start_step,
-        )
+def plan_run(args, defaults=None, cluster=None) -> planning.TrainPlan:
+    """Everything decided before the graph is built: the flags (given, else the recorded
+    run's, else `defaults`), the strategies, the model, the data, the schedule."""
+    flags = run_folder.resolve_flags(args, defaults)  # given flags of another run: refused
+    update, precision, exchange = strategies(flags)
+    model, batch = check_flags(flags, update, precision, exchange, cluster)
+    return planning.make_plan(flags, model, (update, precision, exchange), cluster, batch)
+
+
+def build_step(plan):
+    """The training step in the default graph: a towerlib.TrainGraph on one machine; on
+    a cluster this worker's SyncTrainGraph (variables on the ps tasks, every worker's
+    gradients averaged). Either way one step is one optimizer update per global batch."""
+    flags, cluster = plan.flags, plan.cluster
+    strategy = dict(bn_mode=flags.bn_mode, precision=plan.precision, exchange=plan.exchange,
+                    accumulation_steps=flags.accumulation_steps, ema_decay=flags.ema_decay)
+    if cluster is None:
+        if flags.seed is not None:  # with the seeded input, reruns are bit-identical on CPU
+            towerlib.seed_everything(flags.seed)
+        global_step, batch, learning_rate, optimizer = inputs_and_optimizer(plan)
+        return towerlib.build_train_graph(
+            plan.model, batch, optimizer, devices=plan.devices, update=plan.update,
+            global_step=global_step, learning_rate=learning_rate, **strategy)
+    if flags.seed is not None:  # the chief, which initializes the weights, keeps the seed
+        tf.compat.v1.set_random_seed(flags.seed + cluster.replica_index)
+    placer = towerlib.cluster.ParameterServerPlacer(cluster)
+    with tf.compat.v1.device(placer):  # variables to the ps tasks, the input stays here
+        global_step, batch, learning_rate, optimizer = inputs_and_optimizer(plan)
+    return towerlib.cluster.build_sync_train_graph(
+        plan.model, batch, optimizer, cluster, num_towers=len(plan.devices),
+        device_type=flags.device_type or None, device_function=placer,
+        global_step=global_step, learning_rate=learning_rate, **strategy)
+
+
+def train(args, defaults=None, cluster=None, startup_timeout_secs=600.0):
+    """Trains (or resumes) the run that `args`, {flag: value} of the flags given as on the
+    command line, describe; returns a planning.TrainResult. cluster: None on one machine."""
+    plan = plan_run(args, defaults, cluster)
+    flags = plan.flags
+    if plan.is_chief and flags.overwrite_train_dir:
+        run_folder.start_over(flags.train_dir)
+    logger.info(planning.describe(plan))
+    restore_from, start_step = planning.restore_point(plan)
     if start_step >= plan.max_steps:
-        if cluster is not None:
-            raise config_lib.ConfigError(
-                "The checkpoint in --train_dir=%r is at global step %d, and --max_steps "
-                "(or --train_epochs) asks to stop at %d: nothing to train. In a cluster "
-                "the chief cannot just skip training, the ps and the other workers would "
-                "wait for it. Fix: raise --max_steps to continue the run, or use a new "
-                "--train_dir; stop the other tasks (they give up after "
-                "--startup_timeout_secs / --ps_timeout_secs)."
-                % (config.train_dir, start_step, plan.max_steps)
-            )
-        logger.info(
-            "Global step %d has reached the last step %d: nothing to train.",
-            start_step,
-            plan.max_steps,
-        )
-        return TrainResult(start_step, start_step, None, 0.0, plan)
-
-    with tf.Graph().as_default(), run_errors.one_line_errors(config.train_dir):
-        start = time.time()
+        return planning.TrainResult(start_step, start_step, None, 0.0, plan)
+    started = time.time()
+    with tf.Graph().as_default(), run_errors.one_line_errors(flags.train_dir):
+        train_graph = build_step(plan)
+        if plan.is_chief:  # every check passed: record the run for restarts, eval, export
+            run_folder.check_checkpoint_fits_graph(restore_from, flags.train_dir)
+            run_folder.record(flags, plan.data_dir, plan.max_steps)
+        loop = dict(train_dir=flags.train_dir, max_steps=plan.max_steps,
+                    log_every_n_steps=flags.log_every_n_steps, trace_steps=flags.trace_steps,
+                    save_checkpoint_steps=flags.save_checkpoint_steps,
+                    save_summaries_steps=flags.save_summaries_steps,
+                    examples_per_step=flags.global_batch_size)  # the whole cluster's batch
         if cluster is None:
-            global_step, loss = _run_one_machine(plan, restore_from)
+            config = towerlib.session_config(len(plan.devices))  # virtual CPU devices too
+            result = towerlib.run_training(train_graph, session_config=config, **loop)
         else:
-            global_step, loss = _run_replica(plan, startup_timeout_secs, restore_from)
-        seconds = time.time() - start
-    end_step = global_step if global_step is not None else start_step
-    logger.info(
-        "Trained from global step %d to %d in %.1f s (%.1f examples/sec overall, "
-        "graph start-up included); %s.",
-        start_step,
-        end_step,
-        seconds,
-        (end_step - start_step) * config.global_batch_size / max(seconds, 1e-9),
-        "checkpoints in %s" % config.train_dir
-        if plan.is_chief
-        else "the chief writes the checkpoints",
-    )
-    return TrainResult(
-        end_step, start_step, None if loss is None else float(loss), seconds, plan
-    )
+            server = towerlib.cluster.start_server(cluster, len(plan.devices))
+            result = towerlib.cluster.run_distributed_training(
+                train_graph, server, startup_timeout_secs=startup_timeout_secs, **loop)
+    return planning.finished(plan, start_step, result, started)
 
 
-def serve_parameters(
-    cluster: cluster_lib.ClusterInfo, timeout_secs: Optional[float] = None
-):
-    """Runs a ps task: serves its share of the variables until every worker is done.
-
-    Raises:
-      TimeoutError: the workers did not all finish within timeout_secs (None: no limit).
-    """
-    logger.info(
-        "ps task %d of %d at %s: serving variables until the %d workers are done%s.",
-        cluster.task_index,
-        cluster.num_ps,
-        cluster.jobs[cluster.job_name][cluster.task_index],
-        cluster.num_replicas,
-        " (at most %g s)" % timeout_secs if timeout_secs else "",
-    )
-    cluster_lib.run_parameter_server(cluster, timeout_secs=timeout_secs)
-    logger.info("ps task %d: every worker is done, exiting.", cluster.task_index)
-
-
-def main(argv):
-    flags = options.FLAGS
-
-    def body():
-        cluster = options.cluster_from_flags()
-        config = options.train_config_from_flags()
-        if cluster is not None and cluster.is_ps:
-            config_lib.check_variable_update_for_cluster(config)
-            serve_parameters(cluster, flags.ps_timeout_secs or None)
-        else:
-            train(
-                config, cluster, flags.startup_timeout_secs, flags.overwrite_train_dir
-            )
-
-    script_runner.run(argv, body)
+def main():
+    flags, cluster = options.FLAGS, options.cluster_from_flags()
+    if cluster is not None and cluster.is_ps:
+        planning.serve_parameters(cluster, flags.variable_update, flags.ps_timeout_secs)
+    else:
+        train(options.given(), options.defaults(), cluster, flags.startup_timeout_secs)
 
 
 if __name__ == "__main__":
-    from absl import app
-    from absl import flags as absl_flags
-
-    options.define_train_flags()
-    options.define_cluster_flags()
-    absl_flags.adopt_module_key_flags(options)  # list them in --help
-    app.run(main)
+    options.define(options.TRAIN_FLAGS + options.CLUSTER_FLAGS)
+    script_runner.start(main)

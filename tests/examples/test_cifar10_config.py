@@ -7,8 +7,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, generate, models, schedule, train
+from examples.cifar10 import data, generate, models, options, run_folder, schedule, train
 
 
 @pytest.fixture(scope="module")
@@ -19,61 +18,69 @@ def generated_dir(tmp_path_factory):
 
 
 def _config(tmp_path, **overrides):
+    """The train flags given (the others: the train script's defaults)."""
     values = dict(train_dir=str(tmp_path / "run"), num_towers=2, device_type="cpu")
     values.update(overrides)
-    return config_lib.TrainConfig(**values)
+    return values
+
+
+def check(args):
+    """The train script's checks of its flags, before any data is touched; the devices."""
+    flags = run_folder.resolve_flags(args)
+    train.check_flags(flags, *train.strategies(flags))
+    return towerlib.tower_devices(flags.num_towers or None, flags.device_type or None)
 
 
 # --- clear errors, before any graph is built -----------------------------------------------
 
 
 def test_global_batch_smaller_than_tower_count_is_refused(tmp_path):
-    with pytest.raises(config_lib.ConfigError) as e:
-        config_lib.check(_config(tmp_path, num_towers=4, global_batch_size=3))
+    with pytest.raises(options.FlagError) as e:
+        check(_config(tmp_path, num_towers=4, global_batch_size=3))
     message = str(e.value)
     assert "--global_batch_size=3" in message and "4 towers" in message
-    assert ">= 4" in message
+    assert "at least 4" in message
 
 
 def test_uneven_global_batch_is_accepted(tmp_path):
-    devices = config_lib.check(_config(tmp_path, num_towers=3, global_batch_size=128))
+    devices = check(_config(tmp_path, num_towers=3, global_batch_size=128))
     assert devices == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]
 
 
 def test_unknown_model_name_lists_the_known_ones(tmp_path):
-    with pytest.raises(config_lib.ConfigError) as e:
-        config_lib.check(_config(tmp_path, model="vgg16"))
+    with pytest.raises(options.FlagError) as e:
+        check(_config(tmp_path, model="vgg16"))
     assert "Unknown model 'vgg16'" in str(e.value)
     assert "convnet" in str(e.value) and "resnet20" in str(e.value)
 
 
 def test_resnet_depth_must_be_6n_plus_2(tmp_path):
-    with pytest.raises(config_lib.ConfigError, match=r"6n \+ 2.*got 21"):
-        config_lib.check(_config(tmp_path, model="resnet21"))
+    with pytest.raises(options.FlagError, match=r"6n \+ 2.*got 21"):
+        check(_config(tmp_path, model="resnet21"))
 
 
 @pytest.mark.parametrize(
     "overrides, flag",
     [
         (dict(bn_mode="every_tower"), "--bn_mode"),
-        (dict(sync_transport="nccl"), "--sync_transport=.nccl.: choose collective or graph"),
+        (dict(sync_transport="nccl"), "--sync_transport=nccl: exchange='nccl' is not an"),
         (dict(optimizer="adam"), "--optimizer"),
         (dict(param_device="tpu"), "--param_device"),
         (dict(ema_decay=1.5), "--ema_decay"),
         (dict(augmentation="mixup"), "--augmentation"),
         (dict(num_towers=-1), "--num_towers"),
-        (dict(download=True), "--download needs --data_dir"),
+        (dict(download=True), "--download=True: it needs --data_dir"),
     ],
 )
 def test_bad_settings_name_their_flag(tmp_path, overrides, flag):
-    with pytest.raises(config_lib.ConfigError, match=flag):
-        config_lib.check(_config(tmp_path, **overrides))
+    with pytest.raises(options.FlagError, match=flag):
+        check(_config(tmp_path, **overrides))
 
 
 def test_missing_data_dir_is_reported_before_building(tmp_path):
     missing = str(tmp_path / "no_such_dir")
     with pytest.raises(data.DataError, match="does not exist.*--download"):
-        train.make_plan(_config(tmp_path, data_dir=missing))
+        train.plan_run(_config(tmp_path, data_dir=missing))
 
 
 def test_truncated_data_file_is_reported_before_building(tmp_path):
@@ -82,32 +89,34 @@ def test_truncated_data_file_is_reported_before_building(tmp_path):
     path = folder / data.BATCHES_DIR / "data_batch_5.bin"
     path.write_bytes(path.read_bytes()[:5000])
     with pytest.raises(data.DataError, match=r"data_batch_5\.bin.*5000 bytes.*truncated"):
-        train.make_plan(_config(tmp_path, data_dir=str(folder)))
+        train.plan_run(_config(tmp_path, data_dir=str(folder)))
 
 
 def test_bad_learning_rate_settings_are_refused_before_the_data_is_touched(tmp_path):
     # The data folder does not exist: the flag error must come first.
     missing = str(tmp_path / "no_data")
-    with pytest.raises(config_lib.ConfigError, match="--lr_decay_epochs.*ascending"):
-        train.make_plan(_config(tmp_path, data_dir=missing, lr_decay_epochs=[5, 2]))
-    with pytest.raises(config_lib.ConfigError, match="learning rate must be > 0"):
-        train.make_plan(_config(tmp_path, data_dir=missing, learning_rate=0.0))
+    with pytest.raises(options.FlagError, match="--lr_decay_epochs.*ascending"):
+        train.plan_run(_config(tmp_path, data_dir=missing, lr_decay_epochs=[5, 2]))
+    with pytest.raises(options.FlagError, match="learning_rate must be a positive"):
+        train.plan_run(_config(tmp_path, data_dir=missing, learning_rate=0.0))
 
 
 def test_restart_with_another_model_is_refused(tmp_path, generated_dir):
-    first = _config(tmp_path, data_dir=generated_dir)
-    config_lib.save(first, first.train_dir)
-    with pytest.raises(config_lib.ConfigError, match="--model=convnet.*--model=resnet20"):
-        train.make_plan(_config(tmp_path, data_dir=generated_dir, model="resnet20"))
+    first = run_folder.resolve_flags(_config(tmp_path, data_dir=generated_dir))
+    run_folder.record(first, first.data_dir, first.max_steps)
+    with pytest.raises(options.FlagError, match="--model=convnet.*--model=resnet20"):
+        train.plan_run(_config(tmp_path, data_dir=generated_dir, model="resnet20"))
 
 
 def test_config_round_trips_through_its_file(tmp_path):
-    config = _config(tmp_path, model="resnet8", lr_decay_epochs=[3.0, 4.5], ema_decay=0.9)
-    config_lib.save(config, config.train_dir)
-    assert config_lib.load(config.train_dir) == config
-    assert os.listdir(config.train_dir) == [config_lib.CONFIG_FILE]
-    with pytest.raises(config_lib.ConfigError, match="No train_config.json"):
-        config_lib.load(str(tmp_path))
+    config = run_folder.resolve_flags(
+        _config(tmp_path, model="resnet8", lr_decay_epochs=[3.0, 4.5], ema_decay=0.9))
+    run_folder.record(config, "/data/cifar", config.max_steps)
+    loaded = run_folder.load(config.train_dir)
+    assert vars(loaded) == dict(vars(config), data_dir="/data/cifar")
+    assert os.listdir(config.train_dir) == [run_folder.CONFIG_FILE]
+    with pytest.raises(options.FlagError, match="No train_config.json"):
+        run_folder.load(str(tmp_path))
 
 
 # --- the learning-rate schedule counts global batches ---------------------------------------
@@ -123,7 +132,7 @@ def test_schedule_boundaries_follow_the_global_batch():
 
 def test_schedule_does_not_depend_on_the_tower_count(tmp_path, generated_dir):
     plans = [
-        train.make_plan(
+        train.plan_run(
             _config(
                 tmp_path / str(n),
                 data_dir=generated_dir,

@@ -13,8 +13,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import config as config_lib
-from examples.cifar10 import data, generate, input_pipeline, train
+from examples.cifar10 import data, generate, input_pipeline, options, run_folder, train
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
 from tests import helpers
@@ -111,7 +110,7 @@ def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
     assert checkpoint and checkpoint.endswith(f"-{STEPS}"), checkpoint
     assert int(tf.train.load_variable(checkpoint, "global_step")) == STEPS
     assert not worker1_dir.exists() or not any(worker1_dir.iterdir())
-    saved = config_lib.load(str(chief_dir))
+    saved = run_folder.load(str(chief_dir))
     assert saved.data_dir == data_dir and saved.max_steps == STEPS
 
     # The schedule counted global steps: the update from global step 2 used the decayed
@@ -147,19 +146,19 @@ def _config(tmp_path, data_dir, **overrides):
         max_steps=STEPS,
     )
     settings.update(overrides)
-    return config_lib.TrainConfig(**settings)
+    return settings  # the train flags given
 
 
 def test_sync_batch_norm_across_workers_is_refused_with_the_librarys_reason(
     tmp_path, data_dir
 ):
-    with pytest.raises(config_lib.ConfigError) as error:
-        train.make_plan(_config(tmp_path, data_dir, bn_mode="sync"), _cluster())
+    with pytest.raises(options.FlagError) as error:
+        train.plan_run(_config(tmp_path, data_dir, bn_mode="sync"), cluster=_cluster())
     message = str(error.value)
     assert message.startswith("--bn_mode=sync: bn_mode='sync' cannot span the 2 workers")
     assert "Use bn_mode='all_towers'" in message
     # One worker is one machine's towers: sync is fine there.
-    plan = train.make_plan(_config(tmp_path, data_dir, bn_mode="sync"), _cluster(1))
+    plan = train.plan_run(_config(tmp_path, data_dir, bn_mode="sync"), cluster=_cluster(1))
     assert plan.batch_size == GLOBAL_BATCH
 
 
@@ -174,9 +173,9 @@ def test_sync_batch_norm_across_workers_is_refused_with_the_librarys_reason(
         ),
         (
             {"global_batch_size": 2},
-            "--global_batch_size=2 gives each of the 2 workers 1 example(s) per step, "
-            "fewer than its 2 towers",
-            "Use --global_batch_size >= 4, or fewer --num_towers.",
+            "--global_batch_size=2 (1 per worker): is 1, fewer than the 2 towers, so some "
+            "tower would get no examples.",
+            "Fix: use a global batch of at least 2 or fewer towers.",
         ),
         (
             {"param_device": "gpu"},
@@ -188,8 +187,8 @@ def test_sync_batch_norm_across_workers_is_refused_with_the_librarys_reason(
 def test_cluster_settings_that_cannot_work_name_the_flag_and_the_fix(
     tmp_path, data_dir, overrides, problem, fix
 ):
-    with pytest.raises(config_lib.ConfigError) as error:
-        train.make_plan(_config(tmp_path, data_dir, **overrides), _cluster())
+    with pytest.raises(options.FlagError) as error:
+        train.plan_run(_config(tmp_path, data_dir, **overrides), cluster=_cluster())
     assert str(error.value).startswith(problem) and fix in str(error.value), error.value
 
 
@@ -204,7 +203,7 @@ def test_each_worker_gets_its_share_of_the_batch_and_a_distinct_shard(tmp_path, 
             task,
         )
         plans.append(
-            train.make_plan(_config(tmp_path, data_dir, global_batch_size=48), cluster)
+            train.plan_run(_config(tmp_path, data_dir, global_batch_size=48), cluster=cluster)
         )
     assert [p.batch_size for p in plans] == [16, 16, 16]
     assert [(p.num_shards, p.shard_index) for p in plans] == [(3, 0), (3, 1), (3, 2)]
@@ -214,16 +213,16 @@ def test_each_worker_gets_its_share_of_the_batch_and_a_distinct_shard(tmp_path, 
         "/job:worker/task:1/device:CPU:1",
     ]
     # The schedule and the last step are stated in global batches, as on one machine.
-    one_machine = train.make_plan(
+    one_machine = train.plan_run(
         _config(
             tmp_path, data_dir, global_batch_size=48, lr_decay_epochs=[2.0], train_epochs=3
         )
     )
-    three_workers = train.make_plan(
+    three_workers = train.plan_run(
         _config(
             tmp_path, data_dir, global_batch_size=48, lr_decay_epochs=[2.0], train_epochs=3
         ),
-        cluster,
+        cluster=cluster,
     )
     assert three_workers.lr_schedule == one_machine.lr_schedule
     assert three_workers.max_steps == one_machine.max_steps == round(3 * 5000 / 48)

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import config as config_lib
-from examples.cifar10 import generate, train
+from examples.cifar10 import generate, run_folder, train
 from tests.fault_scripts import runner
 
 TRAIN_SCRIPT = os.path.join(runner.REPO_ROOT, "examples", "cifar10", "train.py")
@@ -66,7 +65,7 @@ def tiny_config(train_dir, data_dir, **overrides):
         seed=7,
     )
     settings.update(overrides)
-    return config_lib.TrainConfig(**settings)
+    return settings  # the train flags given
 
 
 def model_values(prefix):
@@ -107,7 +106,7 @@ def test_sigkill_at_five_random_moments_then_resume_is_bit_identical(
         except subprocess.TimeoutExpired:  # still running: the usual case
             process.send(signal.SIGKILL)
         code = process.wait(TIMEOUT)
-        history.append((round(delay, 2), code, train.checkpoint_step(killed_dir)))
+        history.append((round(delay, 2), code, run_folder.checkpoint_step(killed_dir)))
     print("kills (delay, exit code, restorable step):", history)
     final = pool.start(TRAIN_SCRIPT, _flags(killed_dir, tiny_data))
     assert final.wait(TIMEOUT) == 0, final.output[-3000:]

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from examples.cifar10 import config as config_lib
+import towerlib
 from examples.cifar10 import eval as eval_lib
-from examples.cifar10 import generate, main, train
+from examples.cifar10 import generate, main, options, run_folder, train
+from tests.examples.test_cifar10_config import check
 from tests.examples.test_cifar10_train import SHORT_RUN_STEPS, short_run_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,7 +22,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def _config(tmp_path, **overrides):
     values = dict(train_dir=str(tmp_path / "run"), num_towers=2, device_type="cpu")
     values.update(overrides)
-    return config_lib.TrainConfig(**values)
+    return values  # the train flags given
 
 
 # --- the settings, checked before anything is built (fast) ----------------------------------
@@ -38,59 +39,79 @@ def _config(tmp_path, **overrides):
     ],
 )
 def test_good_settings_pass(tmp_path, overrides):
-    config_lib.check(_config(tmp_path, **overrides))
+    check(_config(tmp_path, **overrides))
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(compute_dtype="float64"), "--compute_dtype='float64': choose float32, float16"),
-        (dict(compute_dtype="half"), "--compute_dtype='half': choose float32, float16"),
+        (
+            dict(compute_dtype="float64"),
+            "--compute_dtype=float64: compute_dtype must be one of ('float32', 'float16'",
+        ),
+        (
+            dict(compute_dtype="half"),
+            "--compute_dtype=half: compute_dtype must be one of ('float32', 'float16'",
+        ),
         (
             dict(compute_dtype="bfloat16", loss_scale="dynamic"),
-            "--loss_scale=dynamic with --compute_dtype=bfloat16: only float16 needs loss "
-            "scaling",
+            "--loss_scale=dynamic: it is an argument of towerlib.Float16, which "
+            "--compute_dtype=bfloat16 does not choose.",
         ),
-        (dict(loss_scale="128"), "--loss_scale=128 with --compute_dtype=float32"),
-        (dict(compute_dtype="float16", loss_scale="big"), "--loss_scale='big': use dynamic"),
-        (dict(compute_dtype="float16", loss_scale="-2"), "--loss_scale='-2': use dynamic"),
-        (dict(accumulation_steps=0), "--accumulation_steps=0: use a whole number >= 1"),
+        (dict(loss_scale="128"), "--loss_scale=128: it is an argument of towerlib.Float16"),
+        (
+            dict(compute_dtype="float16", loss_scale="big"),
+            "--loss_scale=big: Float16(loss_scale='big'): the loss scale must be 'dynamic'",
+        ),
+        (
+            dict(compute_dtype="float16", loss_scale="-2"),
+            "--loss_scale=-2: Float16(loss_scale=-2.0): the loss scale must be 'dynamic'",
+        ),
+        (
+            dict(accumulation_steps=0),
+            "--accumulation_steps=0: accumulation_steps must be an int >= 1",
+        ),
         (
             dict(accumulation_steps=4, global_batch_size=7),
-            "--global_batch_size=7 with --accumulation_steps=4 on 2 towers: each step "
-            "splits the global batch into 4 micro-batches, each over the 2 towers, so it "
-            "needs at least 4 x 2 = 8 examples.",
+            "--accumulation_steps=4: The global batch has 7 examples, fewer than "
+            "accumulation_steps x towers = 4 x 2 = 8",
         ),
     ],
 )
 def test_bad_settings_name_their_flag(tmp_path, overrides, message):
-    with pytest.raises(config_lib.ConfigError) as error:
-        config_lib.check(_config(tmp_path, **overrides))
+    with pytest.raises(options.FlagError) as error:
+        check(_config(tmp_path, **overrides))
     assert str(error.value).startswith(message)
     assert "\n" not in str(error.value)
 
 
-def test_the_loss_scale_reaches_towerlib_as_its_option():
-    assert config_lib.TrainConfig().resolved_loss_scale() is None
-    assert config_lib.TrainConfig(loss_scale="dynamic").resolved_loss_scale() == "dynamic"
-    assert config_lib.TrainConfig(loss_scale="1024").resolved_loss_scale() == 1024.0
+def test_the_loss_scale_reaches_towerlib_as_its_option(tmp_path):
+    def precision(**flags):
+        _, precision, _ = train.strategies(run_folder.resolve_flags(_config(tmp_path, **flags)))
+        return precision
+
+    assert precision() == towerlib.Float32()
+    assert precision(compute_dtype="float16") == towerlib.Float16(loss_scale="dynamic")
+    assert precision(compute_dtype="float16", loss_scale="dynamic").loss_scale == "dynamic"
+    assert precision(compute_dtype="float16", loss_scale="1024").loss_scale == 1024.0
 
 
 def test_a_run_saved_before_the_flags_existed_loads_with_the_defaults(tmp_path):
-    config = _config(tmp_path, compute_dtype="float16", loss_scale="512", accumulation_steps=2)
-    config_lib.save(config, config.train_dir)
-    assert config_lib.load(config.train_dir) == config
-    path = os.path.join(config.train_dir, config_lib.CONFIG_FILE)
+    config = run_folder.resolve_flags(
+        _config(tmp_path, compute_dtype="float16", loss_scale="512", accumulation_steps=2))
+    run_folder.record(config, config.data_dir, config.max_steps)
+    assert run_folder.load(config.train_dir) == config
+    path = os.path.join(config.train_dir, run_folder.CONFIG_FILE)
     with open(path) as f:
         values = json.load(f)
     for name in ("compute_dtype", "loss_scale", "accumulation_steps"):
         del values[name]
     with open(path, "w") as f:
         json.dump(values, f)
-    loaded = config_lib.load(config.train_dir)
+    loaded = run_folder.load(config.train_dir)
     assert (loaded.compute_dtype, loaded.loss_scale, loaded.accumulation_steps) == (
         "float32",
-        None,
+        "",
         1,
     )
 
@@ -102,7 +123,7 @@ def test_a_run_saved_before_the_flags_existed_loads_with_the_defaults(tmp_path):
         (
             ["--num_towers=2", "--device_type=cpu", "--global_batch_size=6",
              "--accumulation_steps=4"],
-            "error: --global_batch_size=6 with --accumulation_steps=4 on 2 towers",
+            "error: --accumulation_steps=4: The global batch has 6 examples, fewer than",
         ),
     ],
 )
@@ -136,7 +157,7 @@ def _learning_run(train_dir, data_dir, compute_dtype):
     """The main job's recipe, cut to 6 epochs (decays at 4 and 5): near the generated
     data's ceiling, where one seed's two dtypes can be compared (4 epochs are not:
     0.90 and 0.89), in about 40 s a run."""
-    return config_lib.TrainConfig(
+    return dict(  # the train flags given
         train_dir=train_dir,
         data_dir=data_dir,
         model="convnet",
@@ -161,8 +182,8 @@ def test_bfloat16_reaches_the_precision_of_float32(tmp_path, generated_data):
     for dtype in ("float32", "bfloat16"):
         config = _learning_run(str(tmp_path / dtype), generated_data, dtype)
         train.train(config)
-        assert config_lib.load(config.train_dir).compute_dtype == dtype
-        result = eval_lib.evaluate_latest(config.train_dir)
+        assert run_folder.load(config["train_dir"]).compute_dtype == dtype
+        result = eval_lib.evaluate_latest(config["train_dir"])
         assert result.examples == 1000 and result.ema
         precisions[dtype] = result.precision_at_1
     print("test precision@1:", precisions)
@@ -175,8 +196,8 @@ def test_two_micro_batches_per_step_train_evaluate_and_export(tmp_path, generate
     config = short_run_config(
         str(tmp_path), data_dir=generated_data, accumulation_steps=2, log_every_n_steps=60
     )
-    figures = main.run(config)
-    assert config_lib.load(config.train_dir).accumulation_steps == 2
+    figures = main.run(config, options.train_defaults())
+    assert run_folder.load(config["train_dir"]).accumulation_steps == 2
     assert figures["global_step"] == SHORT_RUN_STEPS  # one step per global batch
     assert figures["examples"] == 1000
     assert figures["precision_at_1"] > 0.5, figures  # chance is 0.1

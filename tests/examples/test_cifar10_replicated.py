@@ -6,7 +6,6 @@ none of the other towers' 'replicated/tower_<i>/' copies, so that eval.py and ex
 which build one inference tower, restore it as they restore a parameter-server run.
 """
 
-import dataclasses
 import json
 import math
 import os
@@ -16,11 +15,12 @@ import sys
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import config as config_lib
+import towerlib
 from examples.cifar10 import data_source
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
-from examples.cifar10 import main, train
+from examples.cifar10 import main, options, planning, run_folder, train
+from tests.examples.test_cifar10_config import check
 from tests.examples.test_cifar10_train import short_run_config
 from towerlib import cluster as cluster_lib
 from towerlib.update import copies as variable_copies
@@ -33,7 +33,7 @@ REPLICATED_STEPS = 20
 def _config(tmp_path, **overrides):
     values = dict(train_dir=str(tmp_path / "run"), num_towers=2, device_type="cpu")
     values.update(overrides)
-    return config_lib.TrainConfig(**values)
+    return values  # the train flags given
 
 
 def _script(module, args, timeout=300):
@@ -50,25 +50,15 @@ def _script(module, args, timeout=300):
 
 
 def _flags_of(config):
-    """The train script's flags that give `config` (its fields that differ from the
-    defaults; each flag has its field's name)."""
-    defaults = config_lib.TrainConfig()
-    args = []
-    for field in dataclasses.fields(config):
-        value = getattr(config, field.name)
-        if value == getattr(defaults, field.name):
-            continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
-        args.append("--%s=%s" % (field.name, value))
-    return args
+    """The train script's command line that gives `config`, {flag: value}."""
+    return ["--%s=%s" % (name, options.shown(value)) for name, value in config.items()]
 
 
 # --- the settings, checked before anything is built (fast) ----------------------------------
 
 
 def test_replicated_without_param_device_is_accepted(tmp_path):
-    devices = config_lib.check(_config(tmp_path, variable_update="replicated"))
+    devices = check(_config(tmp_path, variable_update="replicated"))
     assert devices == ["/device:CPU:0", "/device:CPU:1"]
 
 
@@ -77,13 +67,21 @@ def test_replicated_without_param_device_is_accepted(tmp_path):
     [
         (
             dict(variable_update="mirrored"),
-            "--variable_update='mirrored': choose parameter_server or replicated.",
+            "--variable_update=mirrored: update='mirrored' is not a variable update.",
         ),
-        (dict(gradient_pack_bytes=-1), "--gradient_pack_bytes=-1: use a size in bytes >= 0"),
+        (
+            dict(variable_update="replicated", gradient_pack_bytes=-1),
+            "--gradient_pack_bytes=-1: Replicated(pack_bytes=-1): use a size in bytes >= 0",
+        ),
+        (
+            dict(gradient_pack_bytes=1024),
+            "--gradient_pack_bytes=1024: it is an argument of towerlib.Replicated, which "
+            "--variable_update=parameter_server does not choose.",
+        ),
         (
             dict(variable_update="replicated", param_device="cpu"),
-            "--variable_update=replicated with --param_device=cpu: replicated puts each "
-            "tower's copy",
+            "--param_device=cpu: it is an argument of towerlib.ParameterServer, which "
+            "--variable_update=replicated does not choose.",
         ),
         (
             dict(variable_update="replicated", param_device="gpu"),
@@ -92,38 +90,41 @@ def test_replicated_without_param_device_is_accepted(tmp_path):
     ],
 )
 def test_bad_variable_update_settings_name_their_flag_and_fix(tmp_path, overrides, message):
-    with pytest.raises(config_lib.ConfigError) as error:
-        config_lib.check(_config(tmp_path, **overrides))
+    with pytest.raises(options.FlagError) as error:
+        check(_config(tmp_path, **overrides))
     assert message in str(error.value)
 
 
 def test_parameter_server_still_takes_an_explicit_param_device(tmp_path):
-    config_lib.check(_config(tmp_path, param_device="cpu", gradient_pack_bytes=0))
+    check(_config(tmp_path, param_device="cpu"))
+    check(_config(tmp_path, variable_update="replicated", gradient_pack_bytes=0))
 
 
 def test_replicated_is_refused_on_a_cluster(tmp_path):
     cluster = cluster_lib.cluster_from_flags(
         "127.0.0.1:2222", "127.0.0.1:2223,127.0.0.1:2224", "worker", 0
     )  # described, never opened
-    with pytest.raises(config_lib.ConfigError) as error:
-        config_lib.check_cluster(_config(tmp_path, variable_update="replicated"), cluster, 2)
+    flags = run_folder.resolve_flags(_config(tmp_path, variable_update="replicated"))
+    with pytest.raises(options.FlagError) as error:
+        planning.check_cluster_flags(flags, cluster, towerlib.Float32())
     assert str(error.value).startswith(
         "--variable_update=replicated: replicated is for the towers of one machine"
     )
 
 
 def test_a_run_saved_before_the_flags_existed_loads_as_parameter_server(tmp_path):
-    config = _config(tmp_path, variable_update="replicated", gradient_pack_bytes=1024)
-    config_lib.save(config, config.train_dir)
-    assert config_lib.load(config.train_dir) == config
-    path = os.path.join(config.train_dir, config_lib.CONFIG_FILE)
+    config = run_folder.resolve_flags(
+        _config(tmp_path, variable_update="replicated", gradient_pack_bytes=1024))
+    run_folder.record(config, config.data_dir, config.max_steps)
+    assert run_folder.load(config.train_dir) == config
+    path = os.path.join(config.train_dir, run_folder.CONFIG_FILE)
     with open(path) as f:
         values = json.load(f)
     for name in ("variable_update", "gradient_pack_bytes"):
         del values[name]
     with open(path, "w") as f:
         json.dump(values, f)
-    loaded = config_lib.load(config.train_dir)
+    loaded = run_folder.load(config.train_dir)
     assert loaded.variable_update == "parameter_server"
     assert loaded.gradient_pack_bytes == DEFAULT_GRADIENT_PACK_BYTES
 
@@ -150,10 +151,10 @@ def replicated_run(tmp_path_factory):
 @pytest.mark.slow  # reads the replicated run of the train script
 def test_the_flags_are_recorded_in_train_config(replicated_run):
     config, log = replicated_run
-    saved = config_lib.load(config.train_dir)
+    saved = run_folder.load(config["train_dir"])
     assert saved.variable_update == "replicated"
     assert saved.gradient_pack_bytes == DEFAULT_GRADIENT_PACK_BYTES
-    assert saved.param_device is None
+    assert saved.param_device == ""
     assert (
         "variables on every tower (replicated, gradients all-reduced, packed into "
         "buffers of %d bytes)" % DEFAULT_GRADIENT_PACK_BYTES in log
@@ -163,15 +164,14 @@ def test_the_flags_are_recorded_in_train_config(replicated_run):
 @pytest.mark.slow  # reads the replicated run of the train script
 def test_checkpoint_holds_the_parameter_server_names_and_no_copies(replicated_run):
     config, _ = replicated_run
-    checkpoint = tf.train.latest_checkpoint(config.train_dir)
+    checkpoint = tf.train.latest_checkpoint(config["train_dir"])
     names = {name for name, _ in tf.train.list_variables(checkpoint)}
     assert not [n for n in names if n.startswith(variable_copies.COPY_PREFIX + "/")]
     # Exactly what the same run saves with parameter_server: its variables and
     # its other saveable state (the input pipeline's position).
-    saved = config_lib.load(config.train_dir)
-    as_parameter_server = dataclasses.replace(saved, variable_update="parameter_server")
+    as_parameter_server = dict(config, variable_update="parameter_server")
     with tf.Graph().as_default():
-        train.build_training(train.make_plan(as_parameter_server))
+        train.build_step(train.plan_run(as_parameter_server))
         expected = {v.op.name for v in tf.compat.v1.global_variables()}
         expected |= {spec.name for saveable in tf.compat.v1.get_collection(
             tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS) for spec in saveable.specs}
@@ -181,13 +181,14 @@ def test_checkpoint_holds_the_parameter_server_names_and_no_copies(replicated_ru
 @pytest.mark.slow  # reads the replicated run of the train script
 def test_eval_and_export_restore_the_replicated_checkpoint(replicated_run):
     config, _ = replicated_run
-    evaluation = eval_lib.evaluate_latest(config.train_dir)
+    evaluation = eval_lib.evaluate_latest(config["train_dir"])
     assert evaluation.global_step == REPLICATED_STEPS and evaluation.ema
     assert evaluation.examples == 1000
     assert math.isfinite(evaluation.precision_at_1) and 0 <= evaluation.precision_at_1 <= 1
-    saved_model_dir = export_lib.export(config.train_dir)
-    saved = config_lib.load(config.train_dir)
-    _, _, test_files = data_source.prepare(saved.data_dir, config.train_dir, need_train=False)
+    saved_model_dir = export_lib.export(config["train_dir"])
+    saved = run_folder.load(config["train_dir"])
+    _, _, test_files = data_source.prepare(
+        saved.data_dir or None, config["train_dir"], need_train=False)
     exported_precision = main.check_saved_model(saved_model_dir, test_files)
     assert abs(exported_precision - evaluation.precision_at_1) <= 0.002
 
@@ -204,9 +205,12 @@ _ONE_MACHINE = "replicated is for the towers of one machine"
     [
         (
             ["--variable_update=replicated", "--param_device=cpu"],
-            "error: --variable_update=replicated with --param_device=cpu",
+            "error: --param_device=cpu: it is an argument of towerlib.ParameterServer",
         ),
-        (["--variable_update=allreduce"], "error: --variable_update='allreduce'"),
+        (
+            ["--variable_update=allreduce"],
+            "error: --variable_update=allreduce: update='allreduce' is not a variable update",
+        ),
         (["--variable_update=replicated", "--job_name=ps"] + _CLUSTER, _ONE_MACHINE),
     ],
 )

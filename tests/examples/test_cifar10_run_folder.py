@@ -12,9 +12,8 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import config as config_lib
 from examples.cifar10 import default_dirs, eval as eval_lib, export as export_lib
-from examples.cifar10 import generate, run_errors, train
+from examples.cifar10 import generate, options, run_errors, run_folder, train
 from towerlib.run import checkpoints
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,7 +43,7 @@ def tiny_config(train_dir, data_dir, **overrides):
         seed=3,
     )
     settings.update(overrides)
-    return config_lib.TrainConfig(**settings)
+    return settings  # the train flags given
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +57,12 @@ def finished_run(tmp_path_factory, data_sets):
 @pytest.fixture
 def run_copy(finished_run, tmp_path):
     train_dir = str(tmp_path / "run")
-    shutil.copytree(finished_run.train_dir, train_dir)
+    shutil.copytree(finished_run["train_dir"], train_dir)
     return train_dir
 
 
 def _config_bytes(train_dir):
-    with open(os.path.join(train_dir, config_lib.CONFIG_FILE), "rb") as f:
+    with open(os.path.join(train_dir, run_folder.CONFIG_FILE), "rb") as f:
         return f.read()
 
 
@@ -71,7 +70,7 @@ def _config_bytes(train_dir):
 def test_another_data_set_is_refused_not_answered_with_the_old_model(run_copy, data_sets):
     before = _config_bytes(run_copy)
     with pytest.raises(
-        config_lib.ConfigError,
+        options.FlagError,
         match=r"holds another run .*recorded --data_dir=\S+first, flags --data_dir=\S+"
         r"second.*Fix: a new --train_dir.*--overwrite_train_dir",
     ):
@@ -84,7 +83,7 @@ def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data
     train_dir = tmp_path / "sgd"
     train.train(tiny_config(train_dir, data_sets[0], optimizer="sgd", max_steps=4))
     before = _config_bytes(train_dir)
-    with pytest.raises(config_lib.ConfigError) as error:
+    with pytest.raises(options.FlagError) as error:
         train.train(tiny_config(train_dir, data_sets[0], optimizer="momentum"))
     assert "recorded --optimizer=sgd, flags --optimizer=momentum" in str(error.value)
     assert "\n" not in str(error.value)
@@ -94,19 +93,19 @@ def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data
 @pytest.mark.slow  # trains the example
 def test_overwrite_train_dir_starts_over(run_copy, data_sets):
     result = train.train(
-        tiny_config(run_copy, data_sets[1], max_steps=4), overwrite_train_dir=True
+        tiny_config(run_copy, data_sets[1], max_steps=4, overwrite_train_dir=True)
     )
     assert (result.start_step, result.global_step) == (0, 4)
-    assert config_lib.load(run_copy).data_dir == data_sets[1]
+    assert run_folder.load(run_copy).data_dir == data_sets[1]
     assert not os.path.exists(os.path.join(run_copy, "model.ckpt-8.index"))
 
 
 @pytest.mark.slow  # trains the example
 def test_without_a_config_file_a_wrong_model_is_refused_before_writing(run_copy, data_sets):
-    os.remove(os.path.join(run_copy, config_lib.CONFIG_FILE))
-    with pytest.raises(config_lib.ConfigError, match=r"is of another model or optimizer"):
+    os.remove(os.path.join(run_copy, run_folder.CONFIG_FILE))
+    with pytest.raises(options.FlagError, match=r"is of another model or optimizer"):
         train.train(tiny_config(run_copy, data_sets[0], model="convnet", max_steps=12))
-    assert not os.path.exists(os.path.join(run_copy, config_lib.CONFIG_FILE))
+    assert not os.path.exists(os.path.join(run_copy, run_folder.CONFIG_FILE))
     # The right model still resumes the run (it was not recorded as convnet).
     result = train.train(tiny_config(run_copy, data_sets[0], max_steps=12))
     assert (result.start_step, result.global_step) == (8, 12)
@@ -117,7 +116,7 @@ def test_a_torn_newest_index_is_skipped_by_train_eval_and_export(run_copy, data_
     with open(os.path.join(run_copy, "model.ckpt-8.index"), "r+b") as f:
         f.truncate(500)
     assert tf.train.latest_checkpoint(run_copy).endswith("model.ckpt-8")  # still named
-    assert train.checkpoint_step(run_copy) == 4
+    assert run_folder.checkpoint_step(run_copy) == 4
     assert eval_lib.evaluate_latest(run_copy, num_towers=1).global_step == 4
     assert export_lib.export(run_copy).endswith(os.sep + "4")
     caplog.set_level("INFO", logger="cifar10")
@@ -172,17 +171,17 @@ def test_the_default_train_dir_is_per_user_and_per_clone(monkeypatch):
     assert "main-%s-" % default_dirs._user() in here
     monkeypatch.setattr(default_dirs, "_CLONE", "/somewhere/else/towerlib")
     assert default_dirs.default_train_dir("main") != here
-    assert config_lib.TrainConfig().train_dir != here
+    assert options.train_defaults()["train_dir"] != here
 
 
 @pytest.mark.slow  # the train script in a fresh process, once per case
 @pytest.mark.parametrize(
     "case, args, expected",
     [
-        ("fresh", ["--save_checkpoint_steps=0"], "--save_checkpoint_steps=0: use a count"),
+        ("fresh", ["--save_checkpoint_steps=0"], "--save_checkpoint_steps=0: must be an int"),
         ("file", [], "exists and is not a directory"),
-        ("unwritable", [], "--train_dir='/proc/1/towerlib_run'"),
-        ("fresh", ["--learning_rate=inf"], "learning rate must be at most 10"),
+        ("unwritable", [], "--train_dir=/proc/1/towerlib_run: /proc/1/towerlib_run cannot"),
+        ("fresh", ["--learning_rate=inf"], "learning_rate must be a positive finite number"),
         ("fresh", ["--learning_rate=1e9"], "learning rate must be at most 10"),
     ],
 )
