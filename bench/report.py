@@ -471,6 +471,27 @@ def _targets_summary(run):
                            "verdict", "CPU-time ratio"], rows, text_columns=3) + [""]
 
 
+# Where the generated report ends in BENCHMARKS.md: the sections after this line
+# are written by hand from the standalone benchmarks' output, and write_report
+# keeps them when it writes the file again.
+HAND_WRITTEN_MARKER = ("<!-- Sections below: written by hand from the standalone benchmarks "
+                       "(bench/bench_*.py, bench/traffic.py); bench/run.py keeps them when it "
+                       "writes this file again. -->")
+
+
+def write_report(path, text):
+    """Writes the rendered `text` to `path`, keeping what an existing file has from
+    HAND_WRITTEN_MARKER on (the standalone benchmarks' sections)."""
+    kept = ""
+    if os.path.exists(path):
+        with open(path) as existing:
+            old = existing.read()
+        if HAND_WRITTEN_MARKER in old:
+            kept = "\n" + old[old.index(HAND_WRITTEN_MARKER):]
+    with open(path, "w") as output:
+        output.write(text + kept)
+
+
 def render(meta: Dict, results: List, notes: Optional[List[str]] = None) -> str:
     """The whole BENCHMARKS.md text."""
     run = RunResults(results, meta["global_batch"])

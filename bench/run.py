@@ -11,6 +11,10 @@ images/sec, the ratios the issue sets targets for, graph-construction time,
 peak memory and the machine it ran on. Without GPUs the towers are virtual
 CPU devices; with GPUs the same command measures 1..N GPU scaling.
 
+The report replaces --output, except for the sections an existing file has
+after report.HAND_WRITTEN_MARKER (BENCHMARKS.md's standalone benchmarks),
+which are kept.
+
 --smoke runs a couple of tiny steps per configuration, to check that the
 benchmark still works (tests/bench/test_bench_smoke.py); its numbers mean nothing.
 """
@@ -122,8 +126,7 @@ def _render_from_json(path):
         raw = json.load(raw_file)
     results = [coordinator.ConfigResult.from_dict(r) for r in raw["results"]]
     raw["meta"]["rendered_from"] = os.path.basename(path)
-    with open(FLAGS.output, "w") as output:
-        output.write(report.render(raw["meta"], results, _notes()))
+    report.write_report(FLAGS.output, report.render(raw["meta"], results, _notes()))
     print(f"wrote {FLAGS.output} from {path}", flush=True)
     return 0
 
@@ -186,8 +189,7 @@ def main(argv):
         "tower_counts": tower_counts, "models": FLAGS.models, "model_info": model_info,
         "mirrored_input": FLAGS.mirrored_input, "data_dir": data_dir,
     }
-    with open(FLAGS.output, "w") as output:
-        output.write(report.render(meta, all_results, _notes()))
+    report.write_report(FLAGS.output, report.render(meta, all_results, _notes()))
     print(f"wrote {FLAGS.output}", flush=True)
     if FLAGS.json_output:
         with open(FLAGS.json_output, "w") as output:

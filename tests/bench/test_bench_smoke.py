@@ -173,3 +173,14 @@ def test_bn_mode_benchmark_prints_every_mode_and_ratio():
         assert 0 < low <= median <= high
     # Only the collective transport's graph has collective ops.
     assert re.fullmatch(r"sync/collective: [1-9]\d*", table["collective ops per step"])
+
+
+def test_writing_the_report_again_keeps_the_hand_written_sections(tmp_path):
+    path = tmp_path / "BENCHMARKS.md"
+    hand_written = report.HAND_WRITTEN_MARKER + "\n\n## Issue 21\n\nA table.\n"
+    path.write_text("# Old run\n\n" + hand_written)
+    report.write_report(str(path), "# New run\n")
+    assert path.read_text() == "# New run\n\n" + hand_written
+    path.write_text("# A report without hand-written sections\n")
+    report.write_report(str(path), "# New run\n")
+    assert path.read_text() == "# New run\n"
