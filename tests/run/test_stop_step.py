@@ -53,3 +53,13 @@ def test_an_input_that_ends_before_the_first_step_is_named(tmp_path):
                                  r"max_steps=3\): check that the dataset yields"):
             towerlib.run_training(train, train_dir=str(tmp_path), max_steps=3,
                                   save_summaries_steps=None)
+
+
+def test_run_training_outside_the_graphs_context(tmp_path):
+    """The graph need not be the default one when run_training is called."""
+    graph = tf.Graph()
+    with graph.as_default():
+        train = tiny_model.build()
+    result = towerlib.run_training(train, train_dir=str(tmp_path), max_steps=2,
+                                   session_config=tiny_model.session_config(2))
+    assert result.global_step == 2

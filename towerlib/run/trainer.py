@@ -207,8 +207,11 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     step_after = step_after_update(train_graph)
     if examples_per_step is None:
         examples_per_step = examples_per_step_of(train_graph)
-    summary_writer = (tf.compat.v1.summary.FileWriterCache.get(train_dir)
-                      if is_chief and save_summaries_steps else None)
+    summary_writer, summary_op = None, None
+    if is_chief and save_summaries_steps:
+        with graph.as_default():  # the caller may be outside it (eager by default)
+            summary_writer = tf.compat.v1.summary.FileWriterCache.get(train_dir)
+            summary_op = tf.compat.v1.summary.merge_all()
     step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
                                        log_every_n_steps, examples_per_step,
                                        step_after_update=step_after,
@@ -244,7 +247,6 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         all_hooks.append(signal_hook)
     checkpoint_hook = None
     if is_chief:
-        summary_op = tf.compat.v1.summary.merge_all() if save_summaries_steps else None
         if summary_writer is not None:
             summary_writer.add_graph(graph)
         if summary_op is not None:
