@@ -28,7 +28,7 @@ import time
 
 from absl import app, flags
 
-from bench import cifar_files, coordinator, report
+from bench import cifar_files, coordinator, report, run_results
 from bench import configs as configs_lib
 
 FLAGS = flags.FLAGS
@@ -135,7 +135,7 @@ def main(argv):
     if FLAGS.from_json:
         return _render_from_json(FLAGS.from_json)
     started = time.perf_counter()
-    load_before = report.load_average()
+    load_before = run_results.load_average()
     tower_counts = [int(t) for t in FLAGS.towers]
     steps, repeats = FLAGS.steps, FLAGS.repeats
     warmup, segment_warmup = FLAGS.warmup_steps, FLAGS.segment_warmup_steps
@@ -178,10 +178,10 @@ def main(argv):
         all_results.extend(results.values())
 
     meta = {
-        "command": _command_line(sys.argv), "date": report.utc_now(),
-        "machine": report.machine_description(), "tf_version": tf_version,
+        "command": _command_line(sys.argv), "date": run_results.utc_now(),
+        "machine": run_results.machine_description(), "tf_version": tf_version,
         "device_type": device_type, "num_gpus": num_gpus,
-        "load_before": load_before, "load_after": report.load_average(),
+        "load_before": load_before, "load_after": run_results.load_average(),
         "wall_seconds": time.perf_counter() - started, "smoke": FLAGS.smoke,
         "global_batch": global_batch, "steps": steps, "repeats": repeats,
         "warmup_steps": warmup, "segment_warmup_steps": segment_warmup,

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from bench import configs, coordinator, measure, report, targets
+from bench import configs, coordinator, measure, report, run_results, targets
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE_TOWERS = 2
@@ -135,7 +135,7 @@ def test_report_marks_a_missed_target():
         _result(configs.MIRRORED, None, 8, [2.0, 2.0, 2.0]),
         _result(configs.SINGLE_DEVICE, None, 8, [1.0, 1.0, 1.0]),
     ]
-    run = report.RunResults(results, global_batch=128)
+    run = run_results.RunResults(results, global_batch=128)
     handwritten_target = targets.TARGETS[0]
     ratio = run.ratio("m", 8, handwritten_target.numerator, handwritten_target.denominator,
                       handwritten_target.quantity)

@@ -285,3 +285,18 @@ def test_seeded_dropout_draws_a_different_mask_per_tower():
             first, second = session.run(masks)
     assert 0 < (first == 0).mean() < 1
     assert not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize("update", ["parameter_server", "replicated"])
+def test_builds_inside_a_scope_with_its_own_custom_getter(update):
+    """A user's enclosing custom getter still sees every variable request."""
+    seen = []
+
+    def recording_getter(getter, name, *args, **kwargs):
+        seen.append(name)
+        return getter(name, *args, **kwargs)
+
+    with tf.Graph().as_default():
+        with tf.compat.v1.variable_scope("model", custom_getter=recording_getter):
+            build(2, update=update)
+    assert "model/conv1/weights" in seen

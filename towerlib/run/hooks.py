@@ -126,39 +126,48 @@ class StepLogger(tf.compat.v1.train.SessionRunHook):
 
 
 class StepSummaryHook(tf.compat.v1.train.SessionRunHook):
-    """Writes `summary_op` every `every_n_steps` global steps, the first and the last.
+    """Writes the scaffold's summaries every `every_n_steps` global steps, the first and last.
 
     TensorFlow's SummarySaverHook misses the final step unless it falls on
     the period; here the step about to run is predicted from the step after
     the previous update, and `last_step` (run_training's max_steps) always
-    gets its point. The summary is written under the step read after the
-    update (`step_after_update`).
+    gets its point. The summary op is the scaffold's (its own, or the
+    SUMMARY_OP collection, or every summary: resolved once the session
+    exists), written under the step read after the update
+    (`step_after_update`). A SessionLog START at the first write of each
+    session makes TensorBoard drop a resumed run's orphaned points.
     """
 
-    def __init__(self, summary_op, summary_writer, every_n_steps, last_step,
+    def __init__(self, scaffold, summary_writer, every_n_steps, last_step,
                  step_after_update):
-        self._summary_op = summary_op
+        self._scaffold = scaffold
         self._writer = summary_writer
         self._every = max(1, int(every_n_steps))
         self._last_step = last_step
         self._step_after_update = step_after_update
         self._next_step = None
+        self._started = False
 
     def after_create_session(self, session, coord):
-        del coord
+        del session, coord
         self._next_step = None  # the first step always writes
+        self._started = False
 
     def before_run(self, run_context):
         step = self._next_step
         wanted = step is None or step % self._every == 0 or step == self._last_step
         fetches = {"step": self._step_after_update}
-        if wanted:
-            fetches["summary"] = self._summary_op
+        if wanted and self._scaffold.summary_op is not None:
+            fetches["summary"] = self._scaffold.summary_op
         return tf.compat.v1.train.SessionRunArgs(fetches)
 
     def after_run(self, run_context, run_values):
         step = int(run_values.results["step"])
         if "summary" in run_values.results:
+            if not self._started:
+                self._writer.add_session_log(
+                    tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START), step)
+                self._started = True
             self._writer.add_summary(run_values.results["summary"], step)
         self._next_step = step + 1
 

@@ -182,6 +182,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       towerlib.CheckpointError: train_dir has checkpoints, none restorable.
       towerlib.DataError: the input ended before the first step.
     """
+    trace_steps = tuple(trace_steps or ())
     validation.validate_config(
         train_dir=train_dir, max_steps=max_steps, required=("train_dir", "max_steps"),
         save_checkpoint_steps=save_checkpoint_steps,
@@ -207,11 +208,10 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     step_after = step_after_update(train_graph)
     if examples_per_step is None:
         examples_per_step = examples_per_step_of(train_graph)
-    summary_writer, summary_op = None, None
+    summary_writer = None
     if is_chief and save_summaries_steps:
         with graph.as_default():  # the caller may be outside it (eager by default)
             summary_writer = tf.compat.v1.summary.FileWriterCache.get(train_dir)
-            summary_op = tf.compat.v1.summary.merge_all()
     step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
                                        log_every_n_steps, examples_per_step,
                                        step_after_update=step_after,
@@ -249,9 +249,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     if is_chief:
         if summary_writer is not None:
             summary_writer.add_graph(graph)
-        if summary_op is not None:
             all_hooks.append(hooks_lib.StepSummaryHook(
-                summary_op, summary_writer, save_summaries_steps, max_steps, step_after))
+                scaffold, summary_writer, save_summaries_steps, max_steps, step_after))
         # Last: every check of a step runs before that step can be saved.
         checkpoint_hook = hooks_lib.CrashSafeSaverHook(
             train_dir, scaffold, save_steps=save_checkpoint_steps,

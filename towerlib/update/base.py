@@ -68,11 +68,9 @@ class VariableUpdate(abc.ABC):
 
     name: str = ""
     param_device: Any = None
-
-    def variable_getter(self, tower_index: int) -> Optional[Callable]:
-        """A custom getter giving tower `tower_index` its variables, or None to share."""
-        del tower_index
-        return None
+    # None: the towers share tower 0's variables as they are. Otherwise a
+    # method tower_index -> the custom getter giving that tower its variables.
+    variable_getter: Optional[Callable[[int], Callable]] = None
 
     def check_towers(self, towers) -> None:
         """Refuses what this update cannot train (called before any gradient exists)."""
