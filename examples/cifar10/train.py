@@ -3,12 +3,11 @@ r"""Train a CIFAR-10 model on several towers with towerlib: the example's lesson
     python -m examples.cifar10.train --num_towers=2 --train_epochs=20 --bn_mode=sync \
         --variable_update=replicated --compute_dtype=bfloat16 --trace_steps=20,21
 
-Top to bottom: 1. the tower function (the model), written once and built by towerlib on
-every device; 2. the input, one GLOBAL batch per optimizer step; 3. the strategies, made
-from the flags as towerlib objects, and every flag checked at once; 4. build_train_graph
-and run_training. It uses `import towerlib` and its public names only; the folder's other
-modules are a real job's machinery (flags, data, the run folder, errors; docs/cifar10.md).
-Rerun with the same --train_dir to resume: flags not given come from the recorded run.
+Top to bottom: 1. the tower function (the model), written once, built by towerlib on every
+device; 2. the input, one GLOBAL batch per step; 3. the strategies, towerlib objects made
+from the flags, every flag checked at once; 4. build_train_graph and run_training. Public
+towerlib names only; the other modules here are a real job's machinery (flags, data, the
+run folder, errors: docs/cifar10.md). A rerun resumes, taking flags not given from the run.
 """
 
 import logging
