@@ -71,7 +71,7 @@ def eval_devices(run_config, num_towers: Optional[int] = None) -> List[str]:
     (GPUs when it has them, else virtual CPU devices), whatever the run trained on.
 
     Raises:
-      ConfigError: a count below 1, or more GPUs than this machine has.
+      FlagError: a count below 1, or more GPUs than this machine has.
     """
     count = run_config.num_towers if num_towers is None else num_towers
     if num_towers is not None and num_towers < 1:
@@ -89,7 +89,7 @@ def check_batches_fill_the_towers(total: int, batch_size: int, num_towers: int) 
     """Every evaluation batch, the last one included, must give each tower an example.
 
     Raises:
-      ConfigError: naming a --eval_batch_size that works with this many towers.
+      FlagError: naming a --eval_batch_size that works with this many towers.
     """
     if batch_size < 1:
         raise options.FlagError(
@@ -257,7 +257,7 @@ def evaluate_latest(
     as the run trained on).
 
     Raises:
-      ConfigError: train_dir holds no run or no checkpoint yet.
+      FlagError: train_dir holds no run or no checkpoint yet.
     """
     run_config, test_files = _load_run(train_dir, data_dir)
     # The newest checkpoint that reads back (a torn newest one is skipped), as training

@@ -237,7 +237,7 @@ def check_own_flags(flags_, make_model):
     if flags_.optimizer not in ("sgd", "momentum"):
         raise flag_error("optimizer", flags_.optimizer, "choose sgd or momentum.")
     problem = schedule.settings_problem(flags_.learning_rate, flags_.lr_decay_epochs,
-                               flags_.lr_decay_factor, flags_.warmup_epochs)
+                                        flags_.lr_decay_factor, flags_.warmup_epochs)
     if problem:
         raise flag_error(*problem)
     if not 0 < flags_.bn_momentum < 1:
