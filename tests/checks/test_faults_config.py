@@ -28,8 +28,10 @@ def test_every_problem_is_reported_at_once_with_its_fix(tmp_path):
     assert list(problems) == [
         "num_towers", "bn_mode", "update", "ema_decay", "train_dir", "max_steps",
         "save_checkpoint_steps/save_checkpoint_secs", "is_chief"]
-    assert str(error).startswith("8 problems in the training configuration "
-                                 "(nothing was built or run):")
+    assert str(error).startswith(
+        "8 problems in the training configuration (num_towers, bn_mode, update, ema_decay, "
+        "train_dir, max_steps, save_checkpoint_steps/save_checkpoint_secs, is_chief; "
+        "nothing was built or run):")
     assert all(" Fix: " in text for text in problems.values())
     assert "num_towers: must be an int >= 1, got 0. Fix: pass the number of GPUs" \
         in problems["num_towers"]

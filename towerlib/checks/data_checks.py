@@ -159,8 +159,9 @@ def check_record_files(paths, record_bytes, *, header_bytes=0, footer_bytes=0,
                             f"{min_records}. Fix: download or generate it again.")
         records.append(found.records)
     if problems:
-        count = len(problems)
-        raise DataError(f"{count} bad input file{'s' if count > 1 else ''}:\n"
+        if len(problems) == 1:
+            raise DataError(f"Bad input file {problems[0]}")
+        raise DataError(f"{len(problems)} bad input files:\n"
                         + "\n".join(f"  - {p}" for p in problems))
     return RecordFiles(files, records)
 

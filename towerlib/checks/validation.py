@@ -43,8 +43,12 @@ class ConfigError(ValueError):
     def __init__(self, problems):
         self.problems = list(problems)
         count = len(self.problems)
-        lines = [f"{count} problem{'s' if count > 1 else ''} in the training "
-                 "configuration (nothing was built or run):"]
+        if count == 1:  # the first line is the problem itself
+            super().__init__(f"{self.problems[0]} (nothing was built or run)")
+            return
+        options = ", ".join(dict.fromkeys(p.option for p in self.problems))
+        lines = [f"{count} problems in the training configuration ({options}; nothing "
+                 "was built or run):"]
         lines += [f"  - {problem}" for problem in self.problems]
         super().__init__("\n".join(lines))
 
@@ -96,7 +100,9 @@ def _check_towers(check, num_towers, devices, device_type, gpus, cpu_devices):
                      else gpus > 0)
         if towers is not None and wants_gpu and towers > gpus:
             check.add("num_towers", f"is {towers} but this machine has {gpus} GPU(s).",
-                      f"use num_towers <= {gpus}, or device_type='cpu'.")
+                      f"use num_towers <= {gpus}, or device_type='cpu'." if gpus else
+                      "use device_type='cpu' (virtual CPU devices), or check the CUDA "
+                      "installation.")
         return towers
     if isinstance(devices, str) or not hasattr(devices, "__iter__"):
         check.add("devices", f"must be a list of device strings, got {devices!r}.",

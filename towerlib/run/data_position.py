@@ -58,7 +58,10 @@ def check_saveable_pipeline(dataset):
         except tf.errors.FailedPreconditionError as error:
             if "stateful" not in error.message:
                 return
-            op_name = error.message.strip().splitlines()[0]
+            # TensorFlow's text: "... input pipeline graph: RandomUniform is stateful."
+            op_name = next((line.split(": ")[-1].rstrip(".") for line in
+                            error.message.splitlines() if "is stateful" in line),
+                           "an op is stateful")
             raise DataPositionError(
                 f"The input pipeline's position cannot be saved in checkpoints: "
                 f"{op_name} (a stateful random op in a map or filter function). "

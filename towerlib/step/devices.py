@@ -78,10 +78,11 @@ def tower_devices(num_towers=None, device_type=None):
         num_towers = max(gpus, 1) if device_type == "gpu" else 1
     check_num_towers(num_towers)
     if device_type == "gpu" and num_towers > gpus:
-        raise ValueError(
-            f"Asked for {num_towers} GPU towers but this machine has {gpus} "
-            f"GPU(s). Use num_towers <= {gpus}, or device_type='cpu' for "
-            "virtual CPU devices.")
+        fix = (f"use num_towers <= {gpus}, or device_type='cpu' for virtual CPU "
+               "devices" if gpus else "use device_type='cpu' for virtual CPU devices, "
+               "or check the CUDA installation (tf.config.list_physical_devices('GPU'))")
+        raise ValueError(f"Asked for {num_towers} GPU towers but this machine has {gpus} "
+                         f"GPU(s). Fix: {fix}.")
     return [f"/device:{device_type.upper()}:{i}" for i in range(num_towers)]
 
 

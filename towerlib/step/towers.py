@@ -8,6 +8,7 @@ and the session runs the towers in parallel (seed 001).
 
 import dataclasses
 import functools
+import re
 from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
@@ -136,6 +137,9 @@ def resolve_devices(num_towers=None, devices=None, device_type=None):
     """The tower device list from a count, an explicit list, or the machine."""
     if devices is None:
         return devices_lib.tower_devices(num_towers, device_type)
+    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
+        raise TypeError(f"devices must be a list of device strings, got {devices!r}. "
+                        "Fix: e.g. devices=['/device:GPU:0', '/device:GPU:1'].")
     devices = list(devices)
     if not devices:
         raise ValueError("devices is empty: give at least one device string.")
@@ -145,8 +149,18 @@ def resolve_devices(num_towers=None, devices=None, device_type=None):
             raise ValueError(
                 f"num_towers={num_towers} but {len(devices)} devices were given "
                 f"({devices}); pass one or make them agree.")
+    seen = {}
     for device in devices:
-        tf.DeviceSpec.from_string(device)  # raises on a malformed string
+        try:
+            spec = tf.DeviceSpec.from_string(device)
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"{device!r} is not a device string ({error}). Fix: write "
+                             "'/device:GPU:0' or '/device:CPU:1'.") from None
+        key = spec.to_string()
+        if key in seen:
+            raise ValueError(f"devices names {seen[key]!r} and {device!r}, the same "
+                             "device. Fix: give each tower its own device.")
+        seen[key] = device
     return devices
 
 
@@ -245,12 +259,14 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                     if explained is not None:
                         raise explained from error
                     if index > 0 and error_texts.is_missing_variable(error):
+                        created = re.search(r"Variable (\S+) does not exist", str(error))
                         raise ValueError(
-                            f"Tower {index} tried to create a variable that tower 0 "
-                            f"did not create: {error}\nEvery variable must be created "
-                            "by tower 0 and reused by later towers: do not create "
+                            f"Tower {index} tried to create a variable "
+                            f"{created.group(1) if created else ''} that tower 0 "
+                            "did not create. Fix: every variable must be created by "
+                            "tower 0 and reused by later towers: do not create "
                             "variables conditionally on ctx.index, and give layers "
-                            "fixed names.") from error
+                            f"fixed names.\nTensorFlow: {error}") from error
                     if reuse_variables and error_texts.is_missing_variable(error):
                         raise ValueError(
                             "reuse_variables=True, but the tower function asked for a "
