@@ -92,3 +92,10 @@ def test_trace_steps_are_global_steps():
     with pytest.raises(towerlib.ConfigError, match="trace_steps"):
         towerlib.validate_config(trace_steps=[0, 2])
     towerlib.validate_config(trace_steps=[1, 20])
+
+
+def test_float16_with_sync_replicas_is_refused_by_validate_config_too():
+    sync = tf.compat.v1.train.SyncReplicasOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+    with pytest.raises(towerlib.ConfigError, match=r"Float16\(\) with SyncReplicasOptimizer"):
+        towerlib.validate_config(optimizer=sync, precision="float16")

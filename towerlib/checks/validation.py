@@ -57,10 +57,6 @@ def _is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_number(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 class _Checker:
     """Collects problems; each check method adds zero or more."""
 
@@ -247,7 +243,8 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
         accumulation_steps=accumulation_steps, global_step=global_step,
         ema_decay=ema_decay, learning_rate=learning_rate, var_list=var_list,
         summaries=summaries, check_isolation=check_isolation))
-    _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode)
+    _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode,
+                             optimizer if "optimizer" in resolved else None)
     loop_options.check_train_dir(check, train_dir, probe_writes and is_chief)
     loop_options.check_training_loop(
         check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
@@ -277,7 +274,8 @@ def _add_error(check, option, error):
     check.add(option, problem, fix)
 
 
-def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode):
+def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode,
+                             options_given_optimizer=None):
     """The rules between build options, with the same functions as the build."""
     steps = resolved.get("accumulation_steps")
     if steps and towers and _is_int(global_batch_size) and global_batch_size >= 1:
@@ -285,6 +283,11 @@ def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode
             accumulation.check_batch_covers_micro_batches(global_batch_size, steps, towers)
         except ValueError as error:
             _add_error(check, "accumulation_steps", error)
+    if "precision" in resolved and options_given_optimizer is not None:
+        try:
+            resolved["precision"].check_optimizer(options_given_optimizer)
+        except ValueError as error:
+            _add_error(check, "precision", error)
     if resolved.get("exchange") is not None:
         try:
             step_options.check_exchange_applies(

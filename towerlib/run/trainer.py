@@ -269,7 +269,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         with graph.as_default(), exchange_safety.explain_collective_errors(graph), \
                 tf.compat.v1.train.MonitoredSession(
                 session_creator=session_creator, hooks=all_hooks) as session:
-            start_step = int(session_keeper.session.run(train_graph.global_step))
+            # No hooks run, and a lost ps is recovered as for any step.
+            start_step = int(session.run_step_fn(
+                lambda step_context: step_context.session.run(train_graph.global_step)))
             if start_step >= max_steps:
                 logger.info("Nothing to train: global step %d is already at or past "
                             "max_steps=%d (max_steps is the step to stop at).",

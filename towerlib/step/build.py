@@ -76,13 +76,13 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
     host = devices_lib.host_cpu(devices[0])
     reducer = (options.exchange.reducer(devices)
                if options.exchange is not None and len(devices) > 1 else None)
-    variables = options.update.build(len(devices), reducer)
-    global_step = _global_step_for(global_step, variables.param_device, host)
+    variable_update = options.update.build(len(devices), reducer)
+    global_step = _global_step_for(global_step, variable_update.param_device, host)
     with tf.device(host):
         loss_scale = options.precision.make_loss_scale()
     tower_fn = casting.compute_in(tower_fn, options.precision.compute_dtype)
     micro_inputs, global_examples = accumulation.micro_batches(
-        inputs, options.accumulation_steps, devices, bn_mode, host)
+        inputs, options.accumulation_steps, devices, options.bn_mode, host)
 
     objective = StepObjective(global_examples)
     records = TowerRecords(len(devices))
@@ -95,12 +95,12 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         with accumulation.micro_batch_scope(micro_batch, options.accumulation_steps):
             towers, records = towers_lib.build_towers(
                 tower_fn, accumulation.after(micro_batch_inputs, previous_gradients, host),
-                devices=devices, is_training=True, bn_mode=bn_mode,
-                param_device=variables.param_device, records=records,
+                devices=devices, is_training=True, bn_mode=options.bn_mode,
+                param_device=variable_update.param_device, records=records,
                 cross_tower=reducer, check_isolation=check_isolation,
-                variable_getter=variables.variable_getter,
+                variable_getter=variable_update.variable_getter,
                 reuse_variables=micro_batch > 0, micro_batch=micro_batch)
-        _check_built_towers(towers, bn_mode, variables, reducer, records)
+        _check_built_towers(towers, options.bn_mode, variable_update, reducer, records)
         var_list = _trained_variables(var_list, trainable_before)
         towers, tower_objectives = objective.add_micro_batch(towers, regularization_before)
         for tower, tower_objective in zip(towers, tower_objectives):
@@ -109,10 +109,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                     tower_objective = loss_scale.scale(tower_objective)
                 tower_grads_and_vars.append(_tower_gradients(
                     optimizer, tower, tower_objective,
-                    variables.tower_variables(var_list, tower.context.index)))
+                    variable_update.tower_variables(var_list, tower.context.index)))
 
     _check_exchanges(reducer)  # the backward exchanges
-    combined = variables.combine(tower_grads_and_vars)
+    combined = variable_update.combine(tower_grads_and_vars)
     _check_exchanges(reducer)  # and the gradients' all-reduce
     if loss_scale is not None:
         combined = combined.map_pairs(loss_scale.unscale)
@@ -121,8 +121,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         tower_losses, tower_shares, tower_outputs, contexts = accumulation.per_tower(
             objective.towers, objective.shares, len(devices))
     train_op, update_ops, ema = apply_step.build_apply(
-        optimizer, variables, combined.apply_pairs, objective.towers, records, bn_mode,
-        global_step, ema_decay=ema_decay, var_list=var_list, loss_scale=loss_scale,
+        optimizer, variable_update, combined.apply_pairs, objective.towers, records,
+        options.bn_mode, global_step, ema_decay=options.ema_decay, var_list=var_list, loss_scale=loss_scale,
         losses=[t.loss for t in objective.towers])
     scalars = (_add_summaries(records, objective, losses, learning_rate, loss_scale, host)
                if summaries else {})
@@ -134,8 +134,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         ema=ema or getattr(optimizer, "variable_averages", None),
         devices=devices, contexts=contexts, scalars=scalars,
         numerics_guards=tuple(guards.guards_in(optimizer)),
-        variable_update=variables.name, variable_copies=variables.copies,
-        sync_copies_op=variables.sync_op(), loss_scale=loss_scale)
+        variable_update=variable_update.name, variable_copies=variable_update.copies,
+        sync_copies_op=variable_update.sync_op(), loss_scale=loss_scale)
 
 
 def _global_step_for(global_step, param_device, host):
@@ -169,10 +169,10 @@ def _check_exchanges(reducer):
         reducer.check_consistent()
 
 
-def _check_built_towers(towers, bn_mode, variables, reducer, records):
+def _check_built_towers(towers, bn_mode, variable_update, reducer, records):
     """The build-time checks of one micro-batch's towers, before any gradient."""
     foreign_batch_norm.check_towers(towers, bn_mode)
-    variables.check_towers(towers)
+    variable_update.check_towers(towers)
     _check_exchanges(reducer)
     records.check_batch_norm_in_every_tower()
 

@@ -16,13 +16,14 @@ micro-batch 0 and outside every tower's name scope; an activity term exists
 once per tower, inside its name scope; the TF 1 tutorial's weight decay is a
 summand of the tower's returned loss taken from the 'losses' collection.
 
-    objective = StepObjective(num_towers=2, global_examples=None)
-    for j, towers in enumerate(micro_batches):        # each: build the towers...
+    objective = StepObjective(global_examples=None)   # B from the towers' counts
+    for inputs in micro_batches:                      # each: build the towers...
         before = objective.regularization_before()    # ...after this snapshot
-        towers = build(...)
+        towers = build_towers(tower_fn, inputs, ...)
         towers, terms = objective.add_micro_batch(towers, before)
-        # terms[i]: tower i's float32 scalar objective for micro-batch j
-    losses = objective.losses(host_device)            # loss, regularization, total
+        # terms[i]: tower i's float32 scalar objective for this micro-batch
+    with tf.device(host):
+        losses = objective.losses()                   # loss, regularization, total
 """
 
 import dataclasses

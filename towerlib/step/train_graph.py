@@ -79,7 +79,8 @@ class TrainGraph:
         `sync_copies_op` (when not None).
         """
         session.run(tf.compat.v1.global_variables_initializer())
-        session.run(tf.compat.v1.local_variables_initializer())
+        session.run([tf.compat.v1.local_variables_initializer(),
+                     tf.compat.v1.tables_initializer()])
 
 
 def ema_restore_map(ema_decay, var_list=None):
