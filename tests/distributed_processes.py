@@ -155,6 +155,10 @@ class ProcessGroup:
                                      + self.describe(watched))
             time.sleep(0.05)
 
+    def signal(self, name, signum):
+        """Sends `signum` (e.g. SIGSTOP) to `name`'s whole process group."""
+        os.killpg(self.processes[name].pid, signum)
+
     def kill(self, name):
         """SIGKILLs `name`'s whole process group and reaps it."""
         process = self.processes[name]

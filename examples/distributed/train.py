@@ -62,6 +62,9 @@ flags.DEFINE_float("ps_timeout_secs", 0.0,
 flags.DEFINE_float("startup_timeout_secs", 600.0,
                    "A worker gives up if the ps tasks do not answer (or, for a "
                    "non-chief, the chief has not initialized the model) within this long.")
+flags.DEFINE_float("step_deadline_secs", cluster_lib.DEFAULT_STEP_DEADLINE_SECS,
+                   "Bound on one synchronous step: a worker lost for good makes the "
+                   "others stop after this long, with one line naming it.")
 flags.DEFINE_float("ps_restart_timeout_secs", cluster_lib.DEFAULT_PS_RESTART_TIMEOUT_SECS,
                    "A worker whose ps task stopped answering during training waits "
                    "this long for it to restart, then fails naming the ps task.")
@@ -153,6 +156,7 @@ def train_replica(cluster):
             sync_graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
             hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
             ps_restart_timeout_secs=FLAGS.ps_restart_timeout_secs,
+            step_deadline_secs=FLAGS.step_deadline_secs,
             log_every_n_steps=FLAGS.log_every_n_steps,
             save_checkpoint_steps=FLAGS.save_checkpoint_steps,
             examples_per_step=FLAGS.global_batch_size)
@@ -172,15 +176,20 @@ def main(argv):
     if cluster is None:
         step, loss = train_one_machine()
     elif cluster.is_ps:
-        cluster_lib.run_parameter_server(cluster, timeout_secs=FLAGS.ps_timeout_secs or None)
+        try:
+            cluster_lib.run_parameter_server(cluster,
+                                             timeout_secs=FLAGS.ps_timeout_secs or None)
+        except cluster_lib.ReplicaLostError as error:
+            sys.stderr.write(f"error: ReplicaLostError: {error}\n")
+            sys.exit(2)
         print(f"ps task {cluster.task_index}: every worker is done, exiting.", flush=True)
         return
     else:
         try:
             step, loss = train_replica(cluster)
-        except cluster_lib.PsUnavailableError as error:
+        except (cluster_lib.PsUnavailableError, cluster_lib.ReplicaLostError) as error:
             # The message names the task and how to restart it: one line, no traceback.
-            sys.stderr.write(f"error: PsUnavailableError: {error}\n")
+            sys.stderr.write(f"error: {type(error).__name__}: {error}\n")
             sys.exit(2)
     print(f"finished: global_step={step} loss={loss:.6f}", flush=True)
 

@@ -7,6 +7,7 @@ when a test fails.
 """
 
 import re
+import signal
 import time
 
 import pytest
@@ -120,3 +121,33 @@ def test_ps_gone_for_good_workers_stop_within_their_bound(processes, tmp_path):
         assert "restart it with the same command" in log
         assert "Traceback" not in log, log[-3000:]  # one line (issue 22, item 16)
     assert time.monotonic() - killed_at < bound
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_worker_lost_for_good_stops_the_chief_and_the_ps_within_the_deadline(
+        processes, tmp_path, fault):
+    """Issue 20, item 4: a worker killed (or SIGSTOPped) at step ~5 and never back:
+    the chief logs that it waits, then every other process exits within the step
+    deadline + a few seconds with one line naming what to restart."""
+    deadline = 8
+    flags = cluster_flags(tmp_path / "train", 200, [f"--step_deadline_secs={deadline}"])
+    start_cluster(processes, flags)
+    processes.wait_for_log("worker1", r"step [5-9], loss", 60)
+    if fault == "kill":
+        processes.kill("worker1")
+    else:
+        processes.signal("worker1", signal.SIGSTOP)
+    lost_at = time.monotonic()
+    bound = deadline + 3 + 3 + 10  # the step's deadline, the session's close, exit
+    for name in ("worker0", "ps"):
+        code = processes.wait(name, bound - (time.monotonic() - lost_at))
+        assert code == 2, processes.describe(name)
+    assert time.monotonic() - lost_at < bound
+    chief = processes.log_text("worker0")
+    assert "waiting" in chief and "for the other replicas" in chief
+    lines = [line for line in chief.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "ReplicaLostError" in lines[0], chief[-3000:]
+    expected = ("worker task 1" if fault == "kill" else "one is stopped")
+    assert expected in lines[0] and "restart" in lines[0]
+    assert "Traceback" not in chief
+    assert "replica 0 stopped on an error" in processes.log_text("ps")

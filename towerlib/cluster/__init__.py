@@ -26,7 +26,8 @@ replica is done, and each replica runs
 
 Modules: `spec` says which cluster and which task, `placement` where ops and
 variables go, `sync_replicas` builds the synchronous step, `runtime` runs it
-to a clean end on every task, `recovery` bounds the wait for a lost ps task.
+to a clean end on every task, `recovery` bounds the wait for a lost ps task,
+`replica_watch` the wait for a lost worker.
 """
 
 from towerlib.cluster.placement import (
@@ -39,6 +40,11 @@ from towerlib.cluster.recovery import (
     DEFAULT_PS_RESTART_TIMEOUT_SECS,
     PsUnavailableError,
     RecoveringSessionCreator,
+)
+from towerlib.cluster.replica_watch import (
+    DEFAULT_STEP_DEADLINE_SECS,
+    ReplicaLostError,
+    StepDeadlineHook,
 )
 from towerlib.cluster.runtime import (
     ControlSession,

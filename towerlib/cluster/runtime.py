@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from towerlib.run import trainer as trainer_lib
 from towerlib.cluster import recovery
+from towerlib.cluster import replica_watch
 from towerlib.cluster.placement import start_server
 from towerlib.cluster.spec import PS_JOB
 
@@ -79,6 +80,10 @@ class ControlSession:
                 self._report_done = tf.group(*[
                     _done_queue(i).enqueue(cluster.replica_index)
                     for i in range(cluster.num_ps)])
+                # A failed replica reports -1 - its index: the ps tasks stop too.
+                self._report_failed = tf.group(*[
+                    _done_queue(i).enqueue(-1 - cluster.replica_index)
+                    for i in range(cluster.num_ps)])
         self._target = target
         self._config = config
         self._session = tf.compat.v1.Session(target, config=config)
@@ -126,6 +131,15 @@ class ControlSession:
                            "stop them by hand.", self.cluster.replica_index,
                            error.message)
 
+    def report_failed(self, timeout_secs=10.0):
+        """Tells every ps task this replica stopped on an error, so that they exit too."""
+        options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
+        try:
+            self._session.run(self._report_failed, options=options)
+        except tf.errors.OpError as error:
+            logger.warning("Could not tell the ps tasks that replica %d failed (%s).",
+                           self.cluster.replica_index, error.message)
+
     def close(self):
         """Closes the session, giving up after a few seconds (a dead ps hangs it)."""
         recovery.close_within(self._session.close)
@@ -134,6 +148,7 @@ class ControlSession:
 def run_distributed_training(
         sync_graph, server, *, train_dir, max_steps, hooks=(), startup_timeout_secs=600.0,
         ps_restart_timeout_secs=recovery.DEFAULT_PS_RESTART_TIMEOUT_SECS,
+        step_deadline_secs=replica_watch.DEFAULT_STEP_DEADLINE_SECS,
         report_done=True, **run_kwargs):
     """Runs this replica's training until global_step reaches max_steps.
 
@@ -161,6 +176,9 @@ def run_distributed_training(
         answering during training (and, on a non-chief, for the chief to
         restore the model after it came back); then PsUnavailableError
         (or TimeoutError).
+      step_deadline_secs: the bound on one synchronous step (a replica waits
+        for the others in it): past it ReplicaLostError, after telling the
+        ps tasks to stop. A step waiting longer than 5 s is logged every 5 s.
       report_done: tell the ps tasks when done.
 
     Returns:
@@ -170,6 +188,8 @@ def run_distributed_training(
     Raises:
       towerlib.cluster.PsUnavailableError: a ps task was lost for longer
         than ps_restart_timeout_secs.
+      towerlib.cluster.ReplicaLostError: a step waited past step_deadline_secs
+        for a replica (killed, stopped or never started).
     """
     cluster = sync_graph.cluster
     with sync_graph.train_graph.train_op.graph.as_default():
@@ -185,14 +205,21 @@ def run_distributed_training(
                                "(%s); it will when reporting done.", error.message)
         else:
             control.wait_for_chief(max(startup_timeout_secs - (time.time() - started), 1.0))
-        result = trainer_lib.run_training(
-            sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
-            hooks=list(sync_graph.hooks) + list(hooks),
-            session_config=sync_graph.session_config, master=server.target,
-            is_chief=cluster.is_chief,
-            session_creator_wrapper=lambda creator: recovery.RecoveringSessionCreator(
-                creator, cluster, control, ps_restart_timeout_secs),
-            **run_kwargs)
+        deadline = replica_watch.StepDeadlineHook(step_deadline_secs)
+        try:
+            result = trainer_lib.run_training(
+                sync_graph.train_graph, train_dir=train_dir, max_steps=max_steps,
+                hooks=list(sync_graph.hooks) + list(hooks) + [deadline],
+                session_config=sync_graph.session_config, master=server.target,
+                is_chief=cluster.is_chief,
+                session_creator_wrapper=lambda creator: recovery.RecoveringSessionCreator(
+                    creator, cluster, control, ps_restart_timeout_secs),
+                **run_kwargs)
+        except tf.errors.DeadlineExceededError:
+            error = replica_watch.lost_replica_error(cluster, step_deadline_secs,
+                                                     deadline.runs)
+            control.report_failed()
+            raise error from None
         if report_done:
             control.report_done()
         return result
@@ -238,6 +265,11 @@ def run_parameter_server(cluster, server=None, timeout_secs=None):
                         f"ps task {cluster.task_index}: only {done - 1} of "
                         f"{cluster.num_replicas} replicas finished within "
                         f"{timeout_secs} s.") from error
+                if replica < 0:
+                    raise replica_watch.ReplicaLostError(
+                        f"ps task {cluster.task_index}: replica {-1 - replica} stopped on "
+                        "an error (see its log); this ps task exits too. Restart the "
+                        "whole job with the same commands.")
                 logger.info("ps task %d: replica %d done (%d of %d).",
                             cluster.task_index, replica, done, cluster.num_replicas)
     return server

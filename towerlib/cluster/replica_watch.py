@@ -1,0 +1,110 @@
+"""A synchronous step that waits for a lost replica: logged, bounded, then one clear error.
+
+Under SyncReplicasOptimizer the chief's step waits until every replica has
+sent its gradients, and every replica waits for the chief's token: a worker
+killed (or stopped) for good leaves the others waiting in session.run,
+forever and silently. Each replica's step therefore
+
+- says every `log_every_secs` that it is still waiting, and for how long;
+- carries a deadline (RunOptions.timeout_in_ms): past it the step fails, and
+  run_distributed_training raises ReplicaLostError naming the workers that
+  do not accept connections (or, when all do, that one is stopped or too
+  slow), tells the ps tasks to stop, and this process ends.
+
+    hooks = [StepDeadlineHook(deadline_secs=300)]   # run_distributed_training adds it
+
+The deadline must exceed the slowest normal step, the first one included
+(it builds and warms up): 300 s by default.
+"""
+
+import logging
+import socket
+import threading
+import time
+
+import tensorflow as tf
+
+from towerlib.cluster.spec import CHIEF_JOB, WORKER_JOB
+
+__all__ = ["DEFAULT_STEP_DEADLINE_SECS", "ReplicaLostError", "StepDeadlineHook",
+           "lost_replica_error", "unreachable_workers"]
+
+logger = logging.getLogger("towerlib")
+
+DEFAULT_STEP_DEADLINE_SECS = 300.0
+
+
+class ReplicaLostError(RuntimeError):
+    """A synchronous step did not complete within its deadline: a replica is missing."""
+
+
+def unreachable_workers(cluster, connect_timeout_secs=0.5):
+    """{'job task i': address} of the other training tasks that refuse a TCP connection."""
+    unreachable = {}
+    for job in (CHIEF_JOB, WORKER_JOB):
+        for index, address in enumerate(cluster.jobs.get(job, [])):
+            if job == cluster.job_name and index == cluster.task_index:
+                continue
+            host, _, port = address.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)),
+                                              timeout=connect_timeout_secs):
+                    pass
+            except OSError:
+                unreachable[f"{job} task {index}"] = address
+    return unreachable
+
+
+def lost_replica_error(cluster, deadline_secs, run):
+    """The ReplicaLostError for a step past its deadline, naming what can be named."""
+    gone = unreachable_workers(cluster)
+    if gone:
+        who = ", ".join(f"{task} ({address})" for task, address in gone.items())
+        what = f"{who} no longer accept{'s' if len(gone) == 1 else ''} connections"
+    else:
+        what = ("every worker accepts connections, so one is stopped (SIGSTOP), hung "
+                "or slower than the deadline")
+    return ReplicaLostError(
+        f"Replica {cluster.replica_index}: its run {run} did not complete within "
+        f"{deadline_secs:.0f} s: {what}. Fix: restart the missing worker with the same "
+        "command (the chief resumes from the newest checkpoint), or restart the whole "
+        "job; raise the bound with step_deadline_secs if steps are this slow.")
+
+
+class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
+    """Bounds each run with a deadline and logs while a run waits.
+
+    Args:
+      deadline_secs: RunOptions.timeout_in_ms of every run, in seconds.
+      log_every_secs: while a run lasts longer, a line every this many seconds.
+    """
+
+    def __init__(self, deadline_secs=DEFAULT_STEP_DEADLINE_SECS, log_every_secs=5.0):
+        if not deadline_secs > 0:
+            raise ValueError(f"step deadline must be > 0 seconds, got {deadline_secs!r}.")
+        self.deadline_secs = float(deadline_secs)
+        self._log_every_secs = log_every_secs
+        self._done = None
+        self.runs = 0
+
+    def before_run(self, run_context):
+        self.runs += 1
+        self._done = threading.Event()
+        threading.Thread(target=self._log_while_waiting, args=(self._done, self.runs),
+                         daemon=True, name="towerlib-step-watch").start()
+        return tf.compat.v1.train.SessionRunArgs(None, options=tf.compat.v1.RunOptions(
+            timeout_in_ms=int(self.deadline_secs * 1000)))
+
+    def after_run(self, run_context, run_values):
+        self._done.set()
+
+    def end(self, session):
+        if self._done is not None:
+            self._done.set()
+
+    def _log_while_waiting(self, done, run):
+        started = time.monotonic()
+        while not done.wait(self._log_every_secs):
+            logger.info("run %d of this replica: waiting %.0f s for the other replicas "
+                        "(deadline %.0f s)", run, time.monotonic() - started,
+                        self.deadline_secs)
