@@ -56,8 +56,10 @@ TRAIN_FLAGS = (
      "Folder holding cifar-10-batches-bin/. Empty: the built-in generated data set, "
      "written under <train_dir>/generated_data."),
     (flags.DEFINE_bool, "download", False,
-     "Fetch the CIFAR-10 binary archive into --data_dir first, unless a complete copy is there."),
-    (flags.DEFINE_string, "download_url", download.DEFAULT_URL, "Where --download fetches from."),
+     "Fetch the CIFAR-10 binary archive into --data_dir first, unless a complete copy is "
+     "there."),
+    (flags.DEFINE_string, "download_url", download.DEFAULT_URL,
+     "Where --download fetches from."),
     (flags.DEFINE_string, "model", "convnet",
      "convnet (the tutorial network) or resnet20/32/44/56/110 (any 6n+2 depth)."),
     (flags.DEFINE_string, "augmentation", "",
@@ -81,7 +83,8 @@ TRAIN_FLAGS = (
     (flags.DEFINE_string, "param_device", "",
      "With parameter_server: cpu or gpu (ParameterServer(device=...)). Empty: cpu."),
     (flags.DEFINE_integer, "gradient_pack_bytes", towerlib.Replicated().pack_bytes,
-     "With replicated: all-reduce buffer size in bytes (Replicated(pack_bytes=...); 0: none)."),
+     "With replicated: all-reduce buffer size in bytes (Replicated(pack_bytes=...); "
+     "0: one all-reduce per gradient)."),
     (flags.DEFINE_string, "compute_dtype", "float32",
      "float32, bfloat16 or float16 (towerlib.Float32, BFloat16, Float16): the towers' "
      "arithmetic; weights, loss and checkpoints stay float32."),
@@ -107,8 +110,10 @@ TRAIN_FLAGS = (
     (flags.DEFINE_integer, "max_steps", 1000, "Global step to stop at."),
     (flags.DEFINE_float, "train_epochs", 0.0, "If > 0, train this many epochs instead."),
     (flags.DEFINE_integer, "log_every_n_steps", 50, "Log step, loss and speed this often."),
-    (flags.DEFINE_integer, "save_checkpoint_steps", 500, "Checkpoint this often (and at the end)."),
-    (flags.DEFINE_integer, "save_summaries_steps", 50, "Write TensorBoard summaries this often."),
+    (flags.DEFINE_integer, "save_checkpoint_steps", 500,
+     "Checkpoint this often (and at the end)."),
+    (flags.DEFINE_integer, "save_summaries_steps", 50,
+     "Write TensorBoard summaries this often."),
     (flags.DEFINE_integer, "seed", None,
      "Seeds the weights, the shuffle and the augmentation: runs repeat bit for bit on CPU."),
     (flags.DEFINE_bool, "overwrite_train_dir", False,
@@ -122,7 +127,8 @@ TRAIN_FLAG_NAMES = tuple(name for _, name, _, _ in TRAIN_FLAGS)
 
 CLUSTER_FLAGS = (
     (flags.DEFINE_string, "ps_hosts", "", "Comma-separated host:port of the ps tasks."),
-    (flags.DEFINE_string, "worker_hosts", "", "Host:port of the workers; worker 0 is the chief."),
+    (flags.DEFINE_string, "worker_hosts", "",
+     "Comma-separated host:port of the workers; worker 0 is the chief."),
     (flags.DEFINE_string, "job_name", "", "This task's job: ps or worker."),
     (flags.DEFINE_integer, "task_index", 0, "This task's index within its job."),
     (flags.DEFINE_float, "startup_timeout_secs", 600.0,
@@ -143,7 +149,8 @@ EVAL_FLAGS = (
      "Towers to split each batch over; unset: as many as the run trained on."),
     (flags.DEFINE_bool, "continuous", False,
      "Evaluate each new checkpoint until the run's last step (or --eval_timeout_secs)."),
-    (flags.DEFINE_integer, "eval_interval_secs", 30, "With --continuous: seconds between passes."),
+    (flags.DEFINE_integer, "eval_interval_secs", 30,
+     "With --continuous: seconds between passes."),
     (flags.DEFINE_integer, "eval_timeout_secs", 600,
      "With --continuous: stop after this long without a new checkpoint."),
 )
@@ -232,8 +239,9 @@ def check_own_flags(flags_, make_model):
     except ValueError as error:
         raise flag_error("model", flags_.model, str(error)) from None
     if flags_.augmentation and flags_.augmentation not in input_pipeline.AUGMENTATIONS:
-        raise flag_error("augmentation", flags_.augmentation, "choose one of %s, or leave it "
-                         "empty for the model's own." % ", ".join(input_pipeline.AUGMENTATIONS))
+        raise flag_error("augmentation", flags_.augmentation, "choose one of %s, or leave "
+                         "it empty for the model's own."
+                         % ", ".join(input_pipeline.AUGMENTATIONS))
     if flags_.optimizer not in ("sgd", "momentum"):
         raise flag_error("optimizer", flags_.optimizer, "choose sgd or momentum.")
     problem = schedule.settings_problem(flags_.learning_rate, flags_.lr_decay_epochs,

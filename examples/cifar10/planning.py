@@ -65,9 +65,10 @@ class TrainResult:
     plan: TrainPlan
 
 
-def check_cluster_flags(flags, cluster, precision) -> int:
-    """Refuses what cannot work on this cluster; returns each worker's share of the
-    global batch (equal shares keep one synchronous step the mean over the global batch).
+def check_cluster_flags(flags, cluster):
+    """Refuses what cannot work on this cluster. Returns (each worker's share of the global
+    batch: equal shares keep one synchronous step the mean over the global batch; the kind
+    of optimizer the step will use, for towerlib.validate_config to judge the precision).
 
     Raises:
       FlagError: naming the flag and the fix.
@@ -84,10 +85,6 @@ def check_cluster_flags(flags, cluster, precision) -> int:
             "default (cpu); it only matters on one machine." % flags.param_device)
     with options.blamed_on(flags, "bn_mode"):
         towerlib.cluster.check_bn_mode_for_cluster(flags.bn_mode, cluster)
-    if hasattr(precision, "check_optimizer"):  # towerlib's rule for a synchronous cluster
-        with options.blamed_on(flags, "compute_dtype"):
-            precision.check_optimizer(tf.compat.v1.train.SyncReplicasOptimizer(
-                tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster.num_replicas))
     workers = cluster.num_replicas
     per_worker, rest = divmod(flags.global_batch_size, workers)
     if rest:
@@ -98,7 +95,8 @@ def check_cluster_flags(flags, cluster, precision) -> int:
             "shares keep one step the mean over the global batch). Use a multiple of %d, "
             "e.g. %s%d." % (flags.global_batch_size, workers, workers,
                             "%d or " % lower if lower else "", lower + workers))
-    return per_worker
+    return per_worker, tf.compat.v1.train.SyncReplicasOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), workers)
 
 
 def serve_parameters(cluster, variable_update: str, timeout_secs: Optional[float] = None):
@@ -141,7 +139,8 @@ def make_plan(flags, model, strategies, cluster=None, batch_size=None) -> TrainP
         max_steps = max(1, schedule.epochs_to_steps(
             flags.train_epochs, examples, flags.global_batch_size))
     return TrainPlan(
-        flags, model, *strategies, devices=devices, data_dir=data_dir, train_files=train_files, test_files=test_files,
+        flags, model, *strategies, devices=devices, data_dir=data_dir,
+        train_files=train_files, test_files=test_files,
         max_steps=max_steps, lr_schedule=lr_schedule,
         augmentation=flags.augmentation or model.default_augmentation,
         batch_size=batch_size or flags.global_batch_size, cluster=cluster)

@@ -144,14 +144,14 @@ def check_flags(flags, update, precision, exchange, cluster=None):
     """Checks every flag before anything is built; returns (model, this process's batch).
     towerlib's options go through ONE towerlib.validate_config call (build_train_graph's
     and run_training's own checks); a problem stops the script: error: --flag=value: ..."""
-    batch = flags.global_batch_size
-    if cluster is not None:  # each worker splits its share of the global batch
-        batch = planning.check_cluster_flags(flags, cluster, precision)
+    batch, optimizer = flags.global_batch_size, None
+    if cluster is not None:  # a worker's share of the global batch, its synchronous optimizer
+        batch, optimizer = planning.check_cluster_flags(flags, cluster)
     try:
         towerlib.validate_config(
             num_towers=flags.num_towers or None, device_type=flags.device_type or None,
-            global_batch_size=batch, bn_mode=flags.bn_mode, update=update,
-            precision=precision, exchange=exchange, ema_decay=flags.ema_decay,
+            global_batch_size=batch, bn_mode=flags.bn_mode, optimizer=optimizer,
+            update=update, precision=precision, exchange=exchange, ema_decay=flags.ema_decay,
             accumulation_steps=flags.accumulation_steps, learning_rate=flags.learning_rate,
             train_dir=flags.train_dir, max_steps=flags.max_steps,
             save_checkpoint_steps=flags.save_checkpoint_steps,

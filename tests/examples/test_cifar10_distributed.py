@@ -178,6 +178,12 @@ def test_sync_batch_norm_across_workers_is_refused_with_the_librarys_reason(
             "Fix: use a global batch of at least 2 or fewer towers.",
         ),
         (
+            {"compute_dtype": "float16"},
+            "--compute_dtype=float16: towerlib.Float16() with SyncReplicasOptimizer: a "
+            "replica that skips an overflowing step sends no gradients",
+            "Use towerlib.BFloat16() (no loss scaling) across machines.",
+        ),
+        (
             {"param_device": "gpu"},
             "--param_device=gpu: in a cluster the variables live on the ps tasks",
             "Leave --param_device at its default (cpu)",

@@ -15,7 +15,6 @@ import sys
 import pytest
 import tensorflow as tf
 
-import towerlib
 from examples.cifar10 import data_source
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
@@ -106,7 +105,7 @@ def test_replicated_is_refused_on_a_cluster(tmp_path):
     )  # described, never opened
     flags = run_folder.resolve_flags(_config(tmp_path, variable_update="replicated"))
     with pytest.raises(options.FlagError) as error:
-        planning.check_cluster_flags(flags, cluster, towerlib.Float32())
+        planning.check_cluster_flags(flags, cluster)
     assert str(error.value).startswith(
         "--variable_update=replicated: replicated is for the towers of one machine"
     )
