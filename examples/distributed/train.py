@@ -31,7 +31,6 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import cluster as cluster_lib
-from towerlib.step import inputs as inputs_lib
 from towerlib import layers
 
 FLAGS = flags.FLAGS
@@ -100,7 +99,9 @@ def replica_batch(global_step, replica_index, num_replicas):
         rng.normal(size=(FLAGS.num_examples,) + IMAGE_SHAPE).astype(np.float32))
     table_labels = tf.constant(
         rng.randint(0, NUM_CLASSES, size=FLAGS.num_examples).astype(np.int32))
-    sizes = inputs_lib.shard_sizes(FLAGS.global_batch_size, num_replicas)
+    # The first B mod R replicas get one example more, as towerlib splits over towers.
+    base, extra = divmod(FLAGS.global_batch_size, num_replicas)
+    sizes = [base + (1 if r < extra else 0) for r in range(num_replicas)]
     start = sum(sizes[:replica_index])
     offsets = np.arange(start, start + sizes[replica_index], dtype=np.int64)
     rows = (tf.cast(global_step, tf.int64) * FLAGS.global_batch_size + offsets) \

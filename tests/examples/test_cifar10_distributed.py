@@ -181,7 +181,7 @@ def test_sync_batch_norm_across_workers_is_refused_with_the_librarys_reason(
             {"compute_dtype": "float16"},
             "--compute_dtype=float16: towerlib.Float16() with SyncReplicasOptimizer: a "
             "replica that skips an overflowing step sends no gradients",
-            "Use towerlib.BFloat16() (no loss scaling) across machines.",
+            "Fix: towerlib.BFloat16() (no loss scaling) across machines.",
         ),
         (
             {"param_device": "gpu"},

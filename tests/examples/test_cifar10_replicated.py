@@ -70,7 +70,8 @@ def test_replicated_without_param_device_is_accepted(tmp_path):
         ),
         (
             dict(variable_update="replicated", gradient_pack_bytes=-1),
-            "--gradient_pack_bytes=-1: Replicated(pack_bytes=-1): use a size in bytes >= 0",
+            "--gradient_pack_bytes=-1: Replicated(pack_bytes=-1) is not a size. Fix: a size "
+            "in bytes >= 0",
         ),
         (
             dict(gradient_pack_bytes=1024),

@@ -64,8 +64,8 @@ class CollectiveExchange(ExchangeChoice):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not value > 0 or value == float("inf")):
             raise ValueError(
-                f"CollectiveExchange(timeout_seconds={value!r}): use a finite number of "
-                "seconds > 0, or None for no per-op timeout.")
+                f"CollectiveExchange(timeout_seconds={value!r}) is not a timeout. Fix: a "
+                "finite number of seconds > 0, or None for no per-op timeout.")
 
 
 def resolve_exchange(exchange, devices=None) -> Optional[ExchangeChoice]:

@@ -95,7 +95,7 @@ class Float16(Precision):
             raise ValueError(
                 "towerlib.Float16() with SyncReplicasOptimizer: a replica that skips an "
                 "overflowing step sends no gradients and the others would wait for it. "
-                "Use towerlib.BFloat16() (no loss scaling) across machines.")
+                "Fix: towerlib.BFloat16() (no loss scaling) across machines.")
 
     def make_loss_scale(self):
         return loss_scaling.make_loss_scale(self.loss_scale)

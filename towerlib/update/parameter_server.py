@@ -37,9 +37,9 @@ class ParameterServer(UpdateChoice):
             return
         if not isinstance(self.device, str) or self.device.lower() not in devices_lib.PARAM_DEVICES:
             raise ValueError(
-                f"ParameterServer(device={self.device!r}): use 'cpu' (variables on the "
-                "host CPU), 'gpu' (spread over the tower GPUs by size) or a device "
-                "function.")
+                f"ParameterServer(device={self.device!r}) is not a placement. Fix: use "
+                "'cpu' (variables on the host CPU), 'gpu' (spread over the tower GPUs by "
+                "size) or a device function.")
         object.__setattr__(self, "device", self.device.lower())
 
     @property

@@ -56,14 +56,14 @@ class Replicated(UpdateChoice):
     def __post_init__(self):
         if (isinstance(self.pack_bytes, bool) or not isinstance(self.pack_bytes, int)
                 or self.pack_bytes < 0):
-            raise ValueError(f"Replicated(pack_bytes={self.pack_bytes!r}): use a size in "
-                             "bytes >= 0 (0: one all-reduce per gradient).")
+            raise ValueError(f"Replicated(pack_bytes={self.pack_bytes!r}) is not a size. "
+                             "Fix: a size in bytes >= 0 (0: one all-reduce per gradient).")
         wire = self.wire_dtype
         if isinstance(wire, tf.DType):
             wire = wire.name
         if wire is not None and wire not in WIRE_DTYPES:
-            raise ValueError(f"Replicated(wire_dtype={self.wire_dtype!r}): use None "
-                             "(float32), 'bfloat16' or 'float16'.")
+            raise ValueError(f"Replicated(wire_dtype={self.wire_dtype!r}) is not a wire "
+                             "dtype. Fix: None (float32), 'bfloat16' or 'float16'.")
         object.__setattr__(self, "wire_dtype", None if wire == "float32" else wire)
 
     @property
