@@ -26,10 +26,7 @@ def pack(flat):
     else:
         shapes = [tf.shape(t) for t in flat]
         sizes = [tf.size(t) for t in flat]
-    if len(flat) == 1 and flat[0].shape.rank == 1:
-        packed = flat[0]
-    else:
-        packed = tf.concat([tf.reshape(t, [-1]) for t in flat], axis=0)
+    packed = _flatten(flat)
 
     def unpack(result, leading):
         axis = len(leading)
@@ -47,6 +44,23 @@ def pack(flat):
         return unpacked
 
     return packed, unpack
+
+
+def _flatten(flat):
+    """The tensors as one vector: rank-1 ones as they are, the others reshaped.
+
+    One shape constant serves every reshape and a single tensor needs no
+    concat: an all-reduce packs a hundred gradients per tower this way.
+    """
+    flat_shape = None
+    vectors = []
+    for t in flat:
+        if t.shape.rank != 1:
+            if flat_shape is None:
+                flat_shape = tf.constant([-1], tf.int32, name="flat_shape")
+            t = tf.reshape(t, flat_shape)
+        vectors.append(t)
+    return vectors[0] if len(vectors) == 1 else tf.concat(vectors, axis=0)
 
 
 def scope_name(name: str) -> str:
