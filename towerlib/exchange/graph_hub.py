@@ -62,6 +62,7 @@ class GraphHubTransport:
     """
 
     rows_in_tower_order = True  # a gather's row t is tower t's
+    one_output_for_every_tower = True  # every tower's call returns the hub's output
 
     def __init__(self, devices: Sequence[str]):
         self._devices = list(devices)

@@ -145,6 +145,8 @@ class CrossTowerReducer:
 
         # Pairs the k-th call of every tower and gives it its key.
         self._ledger = ledger.CallLedger(len(devices), self._keys.new_instance_key)
+        # Instance key -> the unpacked tensors of a sum every tower reads alike.
+        self._shared_sums = {}
 
     @property
     def devices(self) -> List[str]:
@@ -327,11 +329,12 @@ class CrossTowerReducer:
                 if kind == "sum":
                     if differentiable:
                         reduced = self._differentiable_sum(packed, tower_index, instance_key, name)
+                        result = unpack(reduced, leading=[])
                     else:
                         reduced = self._channel.sum(
                             packed, tower_index, instance_key,
                             name + "/backward" if in_gradient else name)
-                    result = unpack(reduced, leading=[])
+                        result = self._unpacked_sum(reduced, unpack, instance_key, in_gradient)
                 else:
                     row = packed[tf.newaxis]
                     if kind == "gather":
@@ -340,6 +343,27 @@ class CrossTowerReducer:
                         gathered = self._channel.gather(row, tower_index, instance_key, name)
                     result = unpack(gathered, leading=[len(self._devices)])
         return result[0] if single else result
+
+    def _unpacked_sum(self, reduced, unpack, instance_key, in_gradient):
+        """The tensors of a summed buffer no gradient goes through.
+
+        Through the graph transport every tower's call returns the hub's one
+        output, so its pieces are cut once, next to the hub, and every tower
+        reads the same pieces: an all-reduce of a hundred gradients over 8
+        towers builds one split and one reshape per gradient, not eight.
+        The first tower's call makes them, free of its control dependencies
+        and colocation. Through collectives (each tower's own result) or in
+        a gradient function each tower unpacks its own.
+        """
+        if in_gradient or not getattr(self._channel, "one_output_for_every_tower", False):
+            return unpack(reduced, leading=[])
+        shared = self._shared_sums.get(instance_key)
+        if shared is None:
+            with tf.control_dependencies(None), \
+                    self._graph.colocate_with(reduced.op, ignore_existing=True):
+                shared = unpack(reduced, leading=[])
+            self._shared_sums[instance_key] = shared
+        return list(shared)
 
     def _backward_key(self, kind, tower_index, name, grad):
         record = ledger.CallRecord(
