@@ -57,18 +57,21 @@ class PsUnavailableError(RuntimeError):
             "ps_restart_timeout_secs (--ps_restart_timeout_secs).")
 
 
+def accepts_connections(address, connect_timeout_secs=0.5):
+    """Whether 'host:port' accepts a TCP connection now (a stopped process still does)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)),
+                                      timeout=connect_timeout_secs):
+            return True
+    except OSError:
+        return False
+
+
 def unreachable_ps_tasks(cluster, connect_timeout_secs=0.5):
     """{index: address} of the ps tasks that do not accept a TCP connection now."""
-    unreachable = {}
-    for index, address in enumerate(cluster.jobs[PS_JOB]):
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)),
-                                          timeout=connect_timeout_secs):
-                pass
-        except OSError:
-            unreachable[index] = address
-    return unreachable
+    return {index: address for index, address in enumerate(cluster.jobs[PS_JOB])
+            if not accepts_connections(address, connect_timeout_secs)}
 
 
 def wait_for_ps_to_answer(cluster, timeout_secs, poll_secs=0.5):

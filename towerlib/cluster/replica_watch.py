@@ -18,12 +18,12 @@ The deadline must exceed the slowest normal step, the first one included
 """
 
 import logging
-import socket
 import threading
 import time
 
 import tensorflow as tf
 
+from towerlib.cluster import recovery
 from towerlib.cluster.spec import CHIEF_JOB, WORKER_JOB
 
 __all__ = ["DEFAULT_STEP_DEADLINE_SECS", "ReplicaLostError", "StepDeadlineHook",
@@ -45,12 +45,7 @@ def unreachable_workers(cluster, connect_timeout_secs=0.5):
         for index, address in enumerate(cluster.jobs.get(job, [])):
             if job == cluster.job_name and index == cluster.task_index:
                 continue
-            host, _, port = address.rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)),
-                                              timeout=connect_timeout_secs):
-                    pass
-            except OSError:
+            if not recovery.accepts_connections(address, connect_timeout_secs):
                 unreachable[f"{job} task {index}"] = address
     return unreachable
 
