@@ -14,6 +14,7 @@ The package, one job per module:
   collectives.py  the 'collective' transport: collective ops, NCCL on GPUs
   safety.py       fetch checks, run deadlines, timeouts explained
   choice.py       `exchange=`: GraphExchange, CollectiveExchange
+  transport_rules.py  which transport by default, and each one's arguments
 
 Both transports give every tower the same bits. The 'graph' transport cannot
 wait for a tower that is not run; for collectives, the build-time pairing and

@@ -13,8 +13,7 @@ is a GPU and graph edges otherwise. 'graph' and 'collective' are shorthands.
 import dataclasses
 from typing import Optional
 
-import tensorflow as tf
-
+from towerlib.exchange import transport_rules
 from towerlib.exchange.reducer import CrossTowerReducer
 
 __all__ = ["CollectiveExchange", "EXCHANGE_NAMES", "ExchangeChoice", "GraphExchange",
@@ -84,8 +83,8 @@ def resolve_exchange(exchange, devices=None) -> Optional[ExchangeChoice]:
     if exchange is None:
         if devices is None:
             return None
-        all_gpus = {tf.DeviceSpec.from_string(d).device_type for d in devices} == {"GPU"}
-        return CollectiveExchange() if all_gpus else GraphExchange()
+        return (CollectiveExchange() if transport_rules.default_transport(devices)
+                == "collective" else GraphExchange())
     raise ValueError(
         f"exchange={exchange!r} is not an exchange. Fix: pass towerlib.GraphExchange() or "
         f"towerlib.CollectiveExchange(timeout_seconds=...), one of {EXCHANGE_NAMES}, "

@@ -34,11 +34,11 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from towerlib.exchange import collectives, graph_hub, keys, ledger, packing
+from towerlib.exchange import collectives, graph_hub, keys, ledger, packing, transport_rules
+from towerlib.exchange.transport_rules import TRANSPORTS
 
 __all__ = ["TRANSPORTS", "CrossTowerReducer"]
 
-TRANSPORTS = ("collective", "graph")
 
 # Tower indices that a row tag of these dtypes represents exactly.
 _EXACT_INTEGERS = {tf.float16: 2048, tf.bfloat16: 256}
@@ -85,43 +85,8 @@ class CrossTowerReducer:
         transport: Optional[str] = None,
     ):
         devices = list(devices)
-        if not devices:
-            raise ValueError("CrossTowerReducer needs at least one device; got none.")
-        canonical = [tf.DeviceSpec.from_string(d).to_string() for d in devices]
-        if len(set(canonical)) != len(canonical):
-            raise ValueError(
-                f"CrossTowerReducer devices must be distinct (one per tower), got "
-                f"{devices}: a collective needs each member on its own device."
-            )
-        if timeout_seconds is not None and not timeout_seconds > 0:
-            raise ValueError(
-                f"timeout_seconds must be None (no per-op timeout) or a positive "
-                f"number of seconds, got {timeout_seconds!r}."
-            )
-        all_gpus = {tf.DeviceSpec.from_string(d).device_type for d in devices} == {"GPU"}
-        if transport is None:
-            transport = "collective" if all_gpus else "graph"
-        if transport not in TRANSPORTS:
-            raise ValueError(
-                f"transport must be one of {TRANSPORTS} (or None to choose by "
-                f"device type), got {transport!r}."
-            )
-        if group_key is not None and transport != "collective":
-            raise ValueError(
-                "group_key is a collective group key, and this reducer uses the "
-                f"{transport!r} transport; pass transport='collective' with it."
-            )
-        if communication_hint is None:
-            communication_hint = "nccl" if all_gpus else "auto"
-        if communication_hint not in ("auto", "ring", "nccl"):
-            raise ValueError(
-                f"communication_hint must be 'auto', 'ring' or 'nccl', got {communication_hint!r}."
-            )
-        if communication_hint == "nccl" and not all_gpus and transport == "collective":
-            raise ValueError(
-                f"communication_hint='nccl' needs every tower on a GPU, got {devices}: "
-                "NCCL cannot join a CPU. Put every tower on a GPU, or pass "
-                "communication_hint='ring' (or None to choose by device type).")
+        transport, communication_hint = transport_rules.check_reducer_options(
+            devices, group_key, timeout_seconds, communication_hint, transport)
 
         self._graph = tf.compat.v1.get_default_graph()
         self._keys = keys.allocator_for(self._graph)
