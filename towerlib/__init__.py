@@ -25,6 +25,7 @@ from towerlib import cluster, exchange, layers
 
 # The strategies, each an object chosen by the user (strings name the defaults).
 from towerlib.exchange.choice import CollectiveExchange, GraphExchange
+from towerlib.exchange.group import WorkerGroup
 from towerlib.precision.policy import BFloat16, Float16, Float32
 from towerlib.update.parameter_server import ParameterServer
 from towerlib.update.replicated import Replicated
@@ -68,7 +69,7 @@ __version__ = "0.1.0"
 __all__ = [
     # The strategies.
     "BFloat16", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
-    "ParameterServer", "Replicated",
+    "ParameterServer", "Replicated", "WorkerGroup",
     # Building and running the training step.
     "BN_MODES", "EvalGraph", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",

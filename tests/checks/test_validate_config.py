@@ -26,6 +26,7 @@ WRONG = {
     "var_list": ("conv1/weights", "list of variables"),
     "summaries": ("yes", "True or False"),
     "check_isolation": (1, "True or False"),
+    "workers": (2, "WorkerGroup"),
 }
 
 
@@ -99,3 +100,13 @@ def test_float16_with_sync_replicas_is_refused_by_validate_config_too():
         tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
     with pytest.raises(towerlib.ConfigError, match=r"Float16\(\) with SyncReplicasOptimizer"):
         towerlib.validate_config(optimizer=sync, precision="float16")
+
+
+def test_workers_need_an_update_that_exchanges_gradients():
+    """Across workers a parameter server in one process cannot meet the others' gradients."""
+    group = towerlib.exchange.WorkerGroup(num_workers=2, worker_index=0)
+    with pytest.raises(towerlib.ConfigError) as raised:
+        towerlib.validate_config(workers=group, update="parameter_server")
+    (problem,) = raised.value.problems
+    assert problem.option == "workers" and "towerlib.Replicated()" in str(problem)
+    towerlib.validate_config(workers=group, update=towerlib.Replicated())

@@ -28,6 +28,7 @@ import dataclasses
 import tensorflow as tf
 
 from towerlib.batchnorm import moments
+from towerlib.batchnorm import worker_statistics
 from towerlib.step.context import BatchNormStatistics
 
 
@@ -234,7 +235,9 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
 
         normalized = None  # training normalizes with batch statistics itself
         if ctx.is_training:
-            synchronized = ctx.bn_mode == "sync" and ctx.num_towers > 1
+            # Across workers one local tower still has peers (the reducer's group).
+            peers = ctx.cross_tower.group_size if ctx.cross_tower is not None else 1
+            synchronized = ctx.bn_mode == "sync" and max(ctx.num_towers, peers) > 1
             normalized, count, mean, variance = _training_batch_norm(
                 x, reduce_axes, ctx, scope.name, beta, gamma, epsilon, synchronized)
             statistics = BatchNormStatistics(
@@ -290,15 +293,19 @@ def pooled_statistics(tower_statistics):
     return total, mean, variance
 
 
-def moving_average_updates(records, bn_mode):
+def moving_average_updates(records, bn_mode, reducer=None):
     """One moving-average update per batch-norm layer, per `bn_mode`.
 
     Returns a list of ops; run them once per step (the train op does, under
     control dependencies). With replicated variables each tower's copy of the
-    moving statistics gets the same update, so the copies stay equal.
+    moving statistics gets the same update, so the copies stay equal; across
+    workers (a `reducer` spanning them) every worker's copies too
+    (towerlib.batchnorm.worker_statistics).
     """
     updates = []
     with tf.name_scope("batch_norm_updates"):
+        if reducer is not None and reducer.workers.spans_workers:
+            return _updates_across_workers(records, bn_mode, reducer)
         for layer_statistics in records.batch_norm.values():
             # 'all_towers' pools every tower's shard; 'first_tower' uses tower
             # 0's shard, 'sync' tower 0's global statistics: with gradient
@@ -320,4 +327,17 @@ def moving_average_updates(records, bn_mode):
                     updates.extend(_updates_from(dataclasses.replace(
                         first, moving_mean=copy.moving_mean,
                         moving_variance=copy.moving_variance)))
+    return updates
+
+
+def _updates_across_workers(records, bn_mode, reducer):
+    """Each local copy updated from statistics every worker shares."""
+    updates = []
+    for layer_name, layer_statistics in records.batch_norm.items():
+        values = worker_statistics.statistics_for_copies(
+            layer_name, layer_statistics, bn_mode, reducer)
+        for index, (mean, variance) in enumerate(values):
+            copy = next(s for s in layer_statistics if s.tower_index == index)
+            updates.extend(_updates_from(dataclasses.replace(
+                copy, tower_index=-1, count=None, mean=mean, variance=variance)))
     return updates

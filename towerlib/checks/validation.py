@@ -182,7 +182,7 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
                     devices=None, device_type=None, bn_mode=None, update=None,
                     precision=None, exchange=None, accumulation_steps=None,
                     global_step=None, ema_decay=None, learning_rate=None, var_list=None,
-                    summaries=None, check_isolation=None,
+                    summaries=None, check_isolation=None, workers=None,
                     global_batch_size=None, per_tower_batch_size=None,
                     train_dir=None, max_steps=None,
                     save_checkpoint_steps=None, save_checkpoint_secs=None,
@@ -203,7 +203,7 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
     Args:
       tower_fn, inputs, optimizer, num_towers, devices, device_type, bn_mode,
       update, precision, exchange, accumulation_steps, global_step, ema_decay,
-      learning_rate, var_list, summaries, check_isolation: as for
+      learning_rate, var_list, summaries, check_isolation, workers: as for
         build_train_graph.
       global_batch_size: examples per optimizer step, all towers together.
       per_tower_batch_size: examples per tower, when the script has that
@@ -242,7 +242,7 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
         update=update, precision=precision, exchange=exchange,
         accumulation_steps=accumulation_steps, global_step=global_step,
         ema_decay=ema_decay, learning_rate=learning_rate, var_list=var_list,
-        summaries=summaries, check_isolation=check_isolation))
+        summaries=summaries, check_isolation=check_isolation, workers=workers))
     _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode,
                              optimizer if "optimizer" in resolved else None)
     loop_options.check_train_dir(check, train_dir, probe_writes and is_chief)
@@ -288,6 +288,13 @@ def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode
             resolved["precision"].check_optimizer(options_given_optimizer)
         except ValueError as error:
             _add_error(check, "precision", error)
+    if resolved.get("workers") is not None:
+        try:
+            step_options.check_workers_apply(
+                resolved["workers"],
+                resolved.get("update") or update_choose.resolve_update("parameter_server"))
+        except ValueError as error:
+            _add_error(check, "workers", error)
     if resolved.get("exchange") is not None:
         try:
             step_options.check_exchange_applies(

@@ -15,6 +15,7 @@ The package, one job per module:
   safety.py       fetch checks, run deadlines, timeouts explained
   choice.py       `exchange=`: GraphExchange, CollectiveExchange
   transport_rules.py  which transport by default, and each one's arguments
+  group.py        WorkerGroup: this process's towers among every worker's
 
 Both transports give every tower the same bits. The 'graph' transport cannot
 wait for a tower that is not run; for collectives, the build-time pairing and
@@ -23,6 +24,7 @@ the run-time guards in safety.py keep a mistake from becoming a silent hang.
 
 from towerlib.exchange.choice import (EXCHANGE_NAMES, CollectiveExchange, ExchangeChoice,
                                       GraphExchange, resolve_exchange)
+from towerlib.exchange.group import WorkerGroup
 from towerlib.exchange.ledger import CollectiveMismatchError
 from towerlib.exchange.reducer import TRANSPORTS, CrossTowerReducer
 from towerlib.exchange.safety import (DEFAULT_TIMEOUT_SECONDS, CollectiveTimeoutError,
@@ -35,5 +37,5 @@ __all__ = [
     "resolve_exchange", "DEFAULT_TIMEOUT_SECONDS", "TRANSPORTS", "CollectiveMismatchError",
     "CollectiveTimeoutError", "CrossTowerReducer", "PartialFetchError",
     "bounded_session_config", "check_fetches", "explain_collective_errors",
-    "has_towerlib_collectives",
+    "has_towerlib_collectives", "WorkerGroup",
 ]

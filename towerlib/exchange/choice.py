@@ -14,6 +14,7 @@ import dataclasses
 from typing import Optional
 
 from towerlib.exchange import transport_rules
+from towerlib.exchange.group import ONE_WORKER
 from towerlib.exchange.reducer import CrossTowerReducer
 
 __all__ = ["CollectiveExchange", "EXCHANGE_NAMES", "ExchangeChoice", "GraphExchange",
@@ -28,10 +29,10 @@ class ExchangeChoice:
     transport = ""
     timeout_seconds = None
 
-    def reducer(self, devices) -> CrossTowerReducer:
-        """The build's CrossTowerReducer over the tower `devices`."""
+    def reducer(self, devices, workers=ONE_WORKER) -> CrossTowerReducer:
+        """The build's CrossTowerReducer over the tower `devices` (of every worker)."""
         return CrossTowerReducer(devices, timeout_seconds=self.timeout_seconds,
-                                 transport=self.transport)
+                                 transport=self.transport, workers=workers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +68,23 @@ class CollectiveExchange(ExchangeChoice):
                 "finite number of seconds > 0, or None for no per-op timeout.")
 
 
-def resolve_exchange(exchange, devices=None) -> Optional[ExchangeChoice]:
+def resolve_exchange(exchange, devices=None, workers=ONE_WORKER) -> Optional[ExchangeChoice]:
     """The ExchangeChoice for `exchange`; None chooses by the tower `devices`.
 
     Args:
       exchange: an ExchangeChoice, 'graph', 'collective', or None.
       devices: the tower device strings (needed only when `exchange` is None).
+      workers: a WorkerGroup; across workers only collectives can exchange.
     """
+    if workers.spans_workers:
+        if exchange is None or exchange == "collective":
+            return CollectiveExchange()
+        if isinstance(exchange, CollectiveExchange):
+            return exchange
+        raise ValueError(
+            f"exchange={exchange!r} cannot span the {workers.num_workers} workers: a "
+            "graph edge stays inside one worker's graph. Fix: "
+            "towerlib.CollectiveExchange(timeout_seconds=...), or None.")
     if isinstance(exchange, ExchangeChoice):
         return exchange
     if exchange == "graph":

@@ -33,6 +33,8 @@ class CollectiveTransport:
       communication_hint: 'nccl', 'ring' or 'auto'.
       timeout_seconds: each op's own timeout, or None for none.
       ordered: chain each tower's collectives in creation order.
+      group_size: members of the collective group: len(devices) on one
+        machine, every worker's towers across machines.
 
     Rows of a gather come in the collective's rank order, which TensorFlow
     chooses (sorted device names on CPU, the interconnect on GPUs), not in
@@ -41,8 +43,10 @@ class CollectiveTransport:
 
     rows_in_tower_order = False
 
-    def __init__(self, devices, group_key, communication_hint, timeout_seconds, ordered):
+    def __init__(self, devices, group_key, communication_hint, timeout_seconds, ordered,
+                 group_size=None):
         self._devices = devices
+        self._group_size = len(devices) if group_size is None else group_size
         self._group_key = group_key
         self._communication_hint = communication_hint
         self._timeout_seconds = timeout_seconds
@@ -64,7 +68,7 @@ class CollectiveTransport:
         if (
             self._communication_hint != "nccl"
             and size is not None
-            and size * len(self._devices) <= _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS
+            and size * self._group_size <= _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS
         ):
             gathered = self.gather(tensor[tf.newaxis], tower_index, instance_key, name)
             with tf.device(self._devices[tower_index]):
@@ -72,17 +76,17 @@ class CollectiveTransport:
         return self._launch(collective_ops.all_reduce, tensor, tower_index, instance_key)
 
     def gather(self, tensor, tower_index, instance_key, name):
-        """[num_towers, K]: one all-gather op (along axis 0) on this tower's device."""
+        """[group_size, K]: one all-gather op (along axis 0) on this tower's device."""
         del name  # the caller's name scope names the op
         out = self._launch(collective_ops.all_gather, tensor, tower_index, instance_key)
-        out.set_shape([len(self._devices)] + tensor.shape.as_list()[1:])
+        out.set_shape([self._group_size] + tensor.shape.as_list()[1:])
         return out
 
     def _launch(self, collective, tensor, tower_index, instance_key):
         """One collective op of this group on the tower's device, in creation order."""
         with tf.device(self._devices[tower_index]):
             with tf.control_dependencies(self._order_after(tower_index)):
-                out = collective(tensor, len(self._devices), self._group_key, instance_key,
+                out = collective(tensor, self._group_size, self._group_key, instance_key,
                                  self._communication_hint, self._timeout_seconds)
         self._last_collective[tower_index] = out.op
         return out

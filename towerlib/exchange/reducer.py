@@ -35,6 +35,7 @@ from typing import List, Optional, Sequence
 import tensorflow as tf
 
 from towerlib.exchange import collectives, graph_hub, keys, ledger, packing, transport_rules
+from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.exchange.transport_rules import TRANSPORTS
 
 __all__ = ["TRANSPORTS", "CrossTowerReducer"]
@@ -70,8 +71,12 @@ class CrossTowerReducer:
         device is a GPU, for NCCL, and 'graph' otherwise: on CPU devices it
         is far cheaper than a collective ring and cannot hang. The
         arguments above only concern the 'collective' transport.
+      workers: a towerlib.exchange.WorkerGroup when the exchange spans the
+        towers of several worker processes (one collective group of W x N
+        members, every worker building the same calls in the same order);
+        only through collectives. Tower indices stay this worker's own.
 
-    With one device nothing is exchanged: ``sum`` is the identity and
+    With one device in all nothing is exchanged: ``sum`` is the identity and
     ``gather`` adds a leading axis of size 1.
     """
 
@@ -83,15 +88,19 @@ class CrossTowerReducer:
         communication_hint: Optional[str] = None,
         ordered: Optional[bool] = None,
         transport: Optional[str] = None,
+        workers: WorkerGroup = ONE_WORKER,
     ):
         devices = list(devices)
         transport, communication_hint = transport_rules.check_reducer_options(
-            devices, group_key, timeout_seconds, communication_hint, transport)
+            devices, group_key, timeout_seconds, communication_hint, transport,
+            spans_workers=workers.spans_workers)
+        self._workers = workers
+        self._group_size = workers.size(len(devices))
 
         self._graph = tf.compat.v1.get_default_graph()
         self._keys = keys.allocator_for(self._graph)
         self._transport = transport
-        if len(devices) > 1 and transport == "collective":
+        if self._group_size > 1 and transport == "collective":
             if group_key is None:
                 group_key = self._keys.new_group_key()
             else:
@@ -106,7 +115,8 @@ class CrossTowerReducer:
             self._channel = graph_hub.GraphHubTransport(devices)
         else:
             self._channel = collectives.CollectiveTransport(
-                devices, group_key, communication_hint, self._timeout_seconds, self._ordered)
+                devices, group_key, communication_hint, self._timeout_seconds, self._ordered,
+                group_size=self._group_size)
 
         # Pairs the k-th call of every tower and gives it its key.
         self._ledger = ledger.CallLedger(len(devices), self._keys.new_instance_key)
@@ -119,7 +129,21 @@ class CrossTowerReducer:
 
     @property
     def num_towers(self) -> int:
+        """This worker's towers (the valid `tower_index` values)."""
         return len(self._devices)
+
+    @property
+    def workers(self) -> WorkerGroup:
+        return self._workers
+
+    @property
+    def group_size(self) -> int:
+        """Every tower of every worker: the rows of a gather."""
+        return self._group_size
+
+    def member(self, tower_index: int) -> int:
+        """This worker's tower `tower_index` as a member of the whole group."""
+        return self._workers.member(tower_index, len(self._devices))
 
     @property
     def transport(self) -> str:
@@ -187,6 +211,9 @@ class CrossTowerReducer:
 
     def gather(self, tensors, tower_index: int, name: Optional[str] = None):
         """Every tower's `tensors`, stacked along a new leading tower axis.
+
+        Across workers the axis has every worker's towers, worker-major
+        (`group_size` rows; this worker's tower i is row `member(i)`).
 
         Args:
           tensors: a tensor or a list of tensors of one dtype, with the same shape
@@ -286,7 +313,7 @@ class CrossTowerReducer:
         instance_key = self._ledger.record(direction, tower_index, record)
 
         with tf.name_scope(f"{packing.scope_name(name)}_cross_tower_{kind}"):
-            if len(self._devices) == 1:
+            if self._group_size == 1:
                 result = flat if kind == "sum" else [t[tf.newaxis] for t in flat]
                 return result[0] if single else result
             with tf.device(self._devices[tower_index]):
@@ -306,7 +333,7 @@ class CrossTowerReducer:
                         gathered = self._gather_in_tower_order(row, tower_index, instance_key, name)
                     else:
                         gathered = self._channel.gather(row, tower_index, instance_key, name)
-                    result = unpack(gathered, leading=[len(self._devices)])
+                    result = unpack(gathered, leading=[self._group_size])
         return result[0] if single else result
 
     def _unpacked_sum(self, reduced, unpack, instance_key, in_gradient):
@@ -352,17 +379,18 @@ class CrossTowerReducer:
         if self._channel.rows_in_tower_order:
             return self._gather_rows_in_order(row, tower_index, forward_key, name)
         exact_up_to = _EXACT_INTEGERS.get(row.dtype.base_dtype)
-        if exact_up_to is not None and len(self._devices) > exact_up_to:
+        if exact_up_to is not None and self._group_size > exact_up_to:
             raise ValueError(
                 f"CrossTowerReducer.gather ({name}) tags each row with its tower "
                 f"index in the rows' dtype, and {row.dtype.name} holds integers "
                 f"exactly only up to {exact_up_to}; this reducer has "
-                f"{len(self._devices)} towers. Cast the tensors to float32 first."
+                f"{self._group_size} towers. Cast the tensors to float32 first."
             )
+        member = self.member(tower_index)
 
         @tf.custom_gradient
         def cross_tower_gather(x):
-            tagged = tf.concat([tf.constant([[tower_index]], x.dtype), x], axis=1)
+            tagged = tf.concat([tf.constant([[member]], x.dtype), x], axis=1)
             rows = self._channel.gather(tagged, tower_index, forward_key, name)
             # Column 0 maps rank -> tower; its inverse says where tower t's row is.
             rank_of_tower = tf.math.invert_permutation(tf.cast(rows[:, 0], tf.int32))
@@ -384,9 +412,11 @@ class CrossTowerReducer:
     def _gather_gradient(self, tower_index, name):
         """Gradient of a gather for this tower: its row of the towers' sum."""
 
-        def grad(upstream):  # [num_towers, K] in tower order
+        member = self.member(tower_index)
+
+        def grad(upstream):  # [group_size, K] in member order
             key = self._backward_key("gather", tower_index, name, upstream)
             total = self._channel.sum(upstream, tower_index, key, name + "/backward")
-            return total[tower_index : tower_index + 1]
+            return total[member : member + 1]
 
         return grad

@@ -24,8 +24,11 @@ def default_transport(devices) -> str:
 
 
 def check_reducer_options(devices, group_key, timeout_seconds, communication_hint,
-                          transport):
+                          transport, spans_workers=False):
     """(transport, communication_hint) for a reducer over `devices`, checked.
+
+    An exchange that spans several workers' towers (`spans_workers`) goes
+    through collectives: a graph edge cannot leave the worker's own graph.
 
     Raises:
       ValueError: devices repeated, a bad timeout, transport or hint, a group
@@ -44,7 +47,12 @@ def check_reducer_options(devices, group_key, timeout_seconds, communication_hin
             f"number of seconds, got {timeout_seconds!r}.")
     gpus_only = all_gpus(devices)
     if transport is None:
-        transport = default_transport(devices)
+        transport = "collective" if spans_workers else default_transport(devices)
+    if spans_workers and transport != "collective":
+        raise ValueError(
+            f"transport={transport!r} cannot span several workers: a graph edge "
+            "stays inside one worker's graph. Fix: the 'collective' transport "
+            "(towerlib.CollectiveExchange()), or None to choose it.")
     if transport not in TRANSPORTS:
         raise ValueError(
             f"transport must be one of {TRANSPORTS} (or None to choose by "

@@ -20,14 +20,14 @@ from towerlib.batchnorm import normalization
 __all__ = ["build_apply", "chosen_update_ops"]
 
 
-def chosen_update_ops(towers, records, bn_mode):
+def chosen_update_ops(towers, records, bn_mode, reducer=None):
     """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
 
     The user's own update ops cannot be pooled, so 'first_tower' runs tower
     0's and the other modes run every tower's; with gradient accumulation,
     those of the step's first micro-batch only (one update per step).
     """
-    updates = normalization.moving_average_updates(records, bn_mode)
+    updates = normalization.moving_average_updates(records, bn_mode, reducer)
     for tower in towers:
         if tower.context.micro_batch == 0 and (
                 bn_mode != "first_tower" or tower.context.is_first):
@@ -36,7 +36,7 @@ def chosen_update_ops(towers, records, bn_mode):
 
 
 def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step, *,
-                ema_decay, var_list, loss_scale, losses):
+                ema_decay, var_list, loss_scale, losses, reducer=None):
     """(train op, the update ops it waits for, the ExponentialMovingAverage or None).
 
     Args:
@@ -49,11 +49,13 @@ def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step,
       losses: the towers' losses (float32 scalars), so that a non-finite
         loss under loss scaling reaches the NaN guard instead of passing for
         an overflow.
+      reducer: the build's exchange; across workers the moving statistics
+        take values every worker shares through it.
     """
     built = {}
 
     def step():
-        built["update_ops"] = chosen_update_ops(towers, records, bn_mode)
+        built["update_ops"] = chosen_update_ops(towers, records, bn_mode, reducer)
         with tf.control_dependencies(built["update_ops"]):
             apply_op = update.apply(optimizer, pairs, global_step)
         built["ema"] = None

@@ -15,6 +15,7 @@ from towerlib.batchnorm import foreign as foreign_batch_norm
 from towerlib.precision import casting
 from towerlib.run import guards
 from towerlib.step import accumulation
+from towerlib.step import across_workers
 from towerlib.step import apply as apply_step
 from towerlib.step import devices as devices_lib
 from towerlib.step import options as options_lib
@@ -23,6 +24,7 @@ from towerlib.step import towers as towers_lib
 from towerlib.step.context import TowerRecords
 from towerlib.step.objective import StepObjective
 from towerlib.step.train_graph import TrainGraph
+from towerlib.update import broadcast
 
 __all__ = ["build_train_graph"]
 
@@ -31,7 +33,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                       device_type=None, bn_mode="first_tower", update="parameter_server",
                       precision="float32", exchange=None, accumulation_steps=1,
                       global_step=None, ema_decay=None, learning_rate=None, var_list=None,
-                      summaries=True, check_isolation=True):
+                      summaries=True, check_isolation=True, workers=None):
     """Builds the multi-tower training step.
 
     Args:
@@ -59,6 +61,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
       var_list: the variables to train; default those the towers created.
       summaries: add the losses, learning rate and tower scalars to SUMMARIES.
       check_isolation: refuse a tower whose loss reads another tower's examples.
+      workers: a towerlib.exchange.WorkerGroup to train across worker
+        processes (docs/distributed.md): this process builds its own towers,
+        the exchange spans every worker's, and one step is one update on
+        the whole global batch of every worker. Needs update=Replicated().
 
     Returns:
       A TrainGraph. Its `loss` is the data loss; regularization is in
@@ -69,13 +75,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         device_type=device_type, bn_mode=bn_mode, update=update, precision=precision,
         exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
         learning_rate=learning_rate, global_step=global_step, var_list=var_list,
-        summaries=summaries, check_isolation=check_isolation)
+        summaries=summaries, check_isolation=check_isolation, workers=workers)
+    workers = options.workers
     options.precision.check_optimizer(optimizer)
     devices = list(options.devices)
     devices_lib.warn_missing_gpus(devices)
     host = devices_lib.host_cpu(devices[0])
-    reducer = (options.exchange.reducer(devices)
-               if options.exchange is not None and len(devices) > 1 else None)
+    reducer = (options.exchange.reducer(devices, workers) if options.exchange is not None
+               and (len(devices) > 1 or workers.spans_workers) else None)
     variable_update = options.update.build(len(devices), reducer)
     global_step = _global_step_for(global_step, variable_update.param_device, host)
     with tf.device(host):
@@ -84,7 +91,9 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
     micro_inputs, global_examples = accumulation.micro_batches(
         inputs, options.accumulation_steps, devices, options.bn_mode, host)
 
-    objective = StepObjective(global_examples)
+    objective = StepObjective(
+        global_examples, adds_weight_terms=workers.is_chief,
+        sum_over_workers=across_workers.WorkerSums(reducer) if workers.spans_workers else None)
     records = TowerRecords(len(devices))
     trainable_before = set(tf.compat.v1.trainable_variables())
     tower_grads_and_vars = []
@@ -123,7 +132,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
     train_op, update_ops, ema = apply_step.build_apply(
         optimizer, variable_update, combined.apply_pairs, objective.towers, records,
         options.bn_mode, global_step, ema_decay=options.ema_decay, var_list=var_list, loss_scale=loss_scale,
-        losses=[t.loss for t in objective.towers])
+        losses=[t.loss for t in objective.towers], reducer=reducer)
+    broadcast_op = None
+    if workers.spans_workers:
+        # Every step computes the global losses: no worker may skip their exchange.
+        train_op = tf.group(train_op, losses.loss, name="train_op_across_workers")
+        broadcast_op = broadcast.broadcast_from_chief(
+            reducer, tf.compat.v1.global_variables(), variable_update.copies)
+        _check_exchanges(reducer)
     scalars = (_add_summaries(records, objective, losses, learning_rate, loss_scale, host)
                if summaries else {})
     return TrainGraph(
@@ -135,7 +151,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         devices=devices, contexts=contexts, scalars=scalars,
         numerics_guards=tuple(guards.guards_in(optimizer)),
         variable_update=variable_update.name, variable_copies=variable_update.copies,
-        sync_copies_op=variable_update.sync_op(), loss_scale=loss_scale)
+        sync_copies_op=variable_update.sync_op(), loss_scale=loss_scale,
+        broadcast_op=broadcast_op)
 
 
 def _global_step_for(global_step, param_device, host):

@@ -36,16 +36,23 @@ from towerlib.step import loss_terms
 __all__ = ["StepLosses", "StepObjective", "split_regularization", "tower_shares"]
 
 
-def tower_shares(towers, global_examples: Optional[tf.Tensor] = None) -> List[tf.Tensor]:
+def tower_shares(towers, global_examples=None, sum_over_workers=None) -> List[tf.Tensor]:
     """n_i / B per tower (float32 scalars).
 
-    B is `global_examples` with accumulation (every micro-batch's examples),
-    else the sum of these towers' batch sizes.
+    B is `global_examples` with accumulation (every micro-batch's examples:
+    a scalar, or one equal scalar per tower), else the sum of these towers'
+    batch sizes, or across workers (`sum_over_workers`, see StepObjective)
+    of every worker's towers' batch sizes.
     """
     counts = [tf.cast(t.context.batch_size, tf.float32) for t in towers]
     if global_examples is not None:
-        return [count / global_examples for count in counts]
+        if not isinstance(global_examples, (list, tuple)):
+            global_examples = [global_examples] * len(counts)
+        return [count / total for count, total in zip(counts, global_examples)]
     with tf.name_scope("tower_shares"):
+        if sum_over_workers is not None:
+            totals = sum_over_workers(counts, "tower_examples")
+            return [count / total for count, total in zip(counts, totals)]
         total = tf.add_n(counts)
         return [count / total for count in counts]
 
@@ -85,10 +92,25 @@ class StepObjective:
       global_examples: B as a float32 scalar when there are several
         micro-batches (each micro-batch's shares are then of the whole
         global batch), or None (one micro-batch: B is its towers' total).
+      sum_over_workers: across workers, a function (one float32 scalar per
+        local tower, name) -> per local tower, the sum over every tower of
+        every worker (towerlib.step.across_workers). B is then every
+        worker's examples, and the reported losses are the global batch's.
+      adds_weight_terms: whether this worker's tower 0 adds the weights'
+        regularization to its objective: only the chief does across
+        workers, so that it counts once in the all-reduced gradient.
     """
 
-    def __init__(self, global_examples: Optional[tf.Tensor] = None):
+    def __init__(self, global_examples: Optional[tf.Tensor] = None,
+                 sum_over_workers=None, adds_weight_terms: bool = True):
+        if sum_over_workers is not None and global_examples is not None:
+            # This worker's B, contributed once (by tower 0) to the global B.
+            local = [global_examples] + [tf.zeros_like(global_examples)] * (
+                sum_over_workers.num_towers - 1)
+            global_examples = sum_over_workers(local, "global_examples")
         self._global_examples = global_examples
+        self._sum_over_workers = sum_over_workers
+        self._adds_weight_terms = adds_weight_terms
         self._weight_terms = None            # counted once, from micro-batch 0
         self._first_terms = []               # micro-batch 0's new collection terms
         self._weighted_activity = []
@@ -123,7 +145,7 @@ class StepObjective:
         seen = {id(t) for t in regularization_before}
         new_terms = [t for t in tf.compat.v1.get_collection(
             tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES) if id(t) not in seen]
-        shares = tower_shares(towers, self._global_examples)
+        shares = tower_shares(towers, self._global_examples, self._sum_over_workers)
         shared_terms, activity_terms = split_regularization(new_terms, towers)
         # Later micro-batches may reevaluate micro-batch 0's weight terms.
         counted = new_terms if first else self._first_terms + new_terms
@@ -138,7 +160,8 @@ class StepObjective:
                 if own_terms:
                     self._weighted_activity.append(share * tf.add_n(own_terms))
                     objective += self._weighted_activity[-1]
-                if first and tower.context.is_first and self._weight_terms:
+                if (first and tower.context.is_first and self._weight_terms
+                        and self._adds_weight_terms):
                     objective += tf.add_n(self._weight_terms, name="regularization")
                 objectives.append(objective)
         self.towers.extend(towers)
@@ -147,9 +170,33 @@ class StepObjective:
 
     def losses(self) -> StepLosses:
         """The step's losses, built in the current device and name scope."""
+        if self._sum_over_workers is not None:
+            return self._losses_over_workers()
         loss = tf.add_n([s * t.loss for s, t in zip(self.shares, self.towers)], name="loss")
         terms = (self._weight_terms or []) + self._weighted_activity
         regularization = (tf.add_n(terms, name="regularization_loss") if terms
                           else tf.constant(0.0, name="regularization_loss"))
+        return StepLosses(loss, regularization,
+                          tf.add(loss, regularization, name="total_loss"))
+
+    def _losses_over_workers(self):
+        """The global batch's losses: each tower's weighted terms summed over workers."""
+        num_towers = self._sum_over_workers.num_towers
+        activity = (tf.add_n(self._weighted_activity) if self._weighted_activity
+                    else tf.constant(0.0))
+        parts = []
+        for index in range(num_towers):
+            own = [(s, t) for s, t in zip(self.shares, self.towers)
+                   if t.context.index == index]
+            with tf.device(own[0][1].context.device):
+                loss_part = tf.add_n([s * t.loss for s, t in own])
+                # This worker's activity terms, contributed once (by tower 0).
+                activity_part = activity if index == 0 else tf.zeros_like(activity)
+                parts.append(tf.stack([loss_part, activity_part]))
+        summed = self._sum_over_workers.once(parts, "losses")
+        loss = tf.identity(summed[0], name="loss")
+        # The weights' terms are the same on every worker: counted once.
+        regularization = tf.add_n((self._weight_terms or []) + [summed[1]],
+                                  name="regularization_loss")
         return StepLosses(loss, regularization,
                           tf.add(loss, regularization, name="total_loss"))

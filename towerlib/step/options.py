@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import tensorflow as tf
 
 from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
+from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.precision.policy import Precision, resolve_precision
 from towerlib.step import accumulation
 from towerlib.step import inputs as inputs_lib
@@ -28,8 +29,8 @@ from towerlib.update.base import UpdateChoice
 from towerlib.update.choose import resolve_update
 
 __all__ = ["OPTION_CHECKS", "StepOptions", "check_ema_decay", "check_exchange_applies",
-           "check_optimizer",
-           "resolve_step_options"]
+           "check_optimizer", "check_workers_apply", "resolve_step_options",
+           "resolve_workers"]
 
 
 def check_optimizer(optimizer):
@@ -49,6 +50,28 @@ def check_ema_decay(ema_decay):
             and 0.0 < ema_decay < 1.0):
         raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay!r}. "
                          "Fix: e.g. 0.999, or None for no moving average.")
+
+
+def resolve_workers(workers):
+    """A WorkerGroup; None is this process alone."""
+    if workers is None:
+        return ONE_WORKER
+    if not isinstance(workers, WorkerGroup):
+        raise TypeError(
+            f"workers must be a towerlib.exchange.WorkerGroup or None, got "
+            f"{type(workers).__name__}. Fix: towerlib.exchange.WorkerGroup(num_workers, "
+            "worker_index), e.g. from towerlib.cluster's ClusterInfo.worker_group.")
+    return workers
+
+
+def check_workers_apply(workers, update):
+    """Refuses training across workers with an update that exchanges nothing."""
+    if workers.spans_workers and not update.exchanges_gradients:
+        raise ValueError(
+            f"update={update!r} cannot span {workers.num_workers} workers by itself: "
+            "the workers' gradients would never meet. Fix: update=towerlib.Replicated() "
+            "(all-reduce across every worker's towers), or parameter servers "
+            "through towerlib.cluster.build_sync_train_graph.")
 
 
 def _check_bool(name):
@@ -113,6 +136,7 @@ OPTION_CHECKS = types.MappingProxyType({
     "var_list": _check_var_list,
     "summaries": _check_bool("summaries"),
     "check_isolation": _check_bool("check_isolation"),
+    "workers": resolve_workers,
 })
 
 
@@ -125,6 +149,7 @@ class StepOptions:
       update, precision: the UpdateChoice and Precision.
       exchange: the ExchangeChoice when towers exchange anything, else None.
       bn_mode, accumulation_steps, ema_decay: as given, checked.
+      workers: the WorkerGroup the exchange spans (ONE_WORKER on one machine).
     """
 
     devices: Tuple[str, ...]
@@ -134,6 +159,7 @@ class StepOptions:
     exchange: Optional[ExchangeChoice]
     accumulation_steps: int
     ema_decay: Optional[float]
+    workers: WorkerGroup = ONE_WORKER
 
 
 def check_exchange_applies(exchange, bn_mode, update):
@@ -150,21 +176,24 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
                          update="parameter_server", precision="float32", exchange=None,
                          accumulation_steps=1, ema_decay=None, learning_rate=None,
                          global_step=None, var_list=None, summaries=True,
-                         check_isolation=True) -> StepOptions:
+                         check_isolation=True, workers=None) -> StepOptions:
     """Checks every build option (the first bad one raises) and resolves them."""
     given = dict(tower_fn=tower_fn, optimizer=optimizer, bn_mode=bn_mode, update=update,
                  precision=precision, exchange=exchange,
                  accumulation_steps=accumulation_steps, ema_decay=ema_decay,
                  learning_rate=learning_rate, global_step=global_step,
-                 var_list=var_list, summaries=summaries, check_isolation=check_isolation)
+                 var_list=var_list, summaries=summaries, check_isolation=check_isolation,
+                 workers=workers)
     resolved = {name: OPTION_CHECKS[name](value) for name, value in given.items()
                 if not (name == "tower_fn" and value is None)}
-    update = resolved["update"]
+    update, workers = resolved["update"], resolved["workers"]
     check_exchange_applies(resolved["exchange"], bn_mode, update)
+    check_workers_apply(workers, update)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)
     needs_exchange = bn_mode == "sync" or update.exchanges_gradients
     return StepOptions(
         devices=tuple(devices), bn_mode=bn_mode, update=update,
         precision=resolved["precision"],
-        exchange=resolve_exchange(exchange, devices) if needs_exchange else None,
-        accumulation_steps=resolved["accumulation_steps"], ema_decay=ema_decay)
+        exchange=resolve_exchange(exchange, devices, workers) if needs_exchange else None,
+        accumulation_steps=resolved["accumulation_steps"], ema_decay=ema_decay,
+        workers=workers)

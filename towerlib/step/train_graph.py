@@ -48,6 +48,10 @@ class TrainGraph:
         in a plain Session (run_training needs none); else None.
       loss_scale: the towerlib.precision.loss_scaling.LossScale of a float16 build
         (run_training adds its floor hook), else None.
+      broadcast_op: across workers, the op that sets every copy on every
+        worker to the chief's values; every worker runs it once after
+        initializing or restoring, before its first step (run_training
+        does; `initialize` too). None on one machine.
     """
 
     train_op: tf.Operation
@@ -69,6 +73,7 @@ class TrainGraph:
     variable_copies: Dict[str, List[Any]] = dataclasses.field(default_factory=dict)
     sync_copies_op: Any = None
     loss_scale: Any = None
+    broadcast_op: Any = None
 
     def initialize(self, session):
         """Initializes every variable for a plain Session (run_training needs none).
@@ -81,6 +86,8 @@ class TrainGraph:
         session.run(tf.compat.v1.global_variables_initializer())
         session.run([tf.compat.v1.local_variables_initializer(),
                      tf.compat.v1.tables_initializer()])
+        if self.broadcast_op is not None:
+            session.run(self.broadcast_op)
 
 
 def ema_restore_map(ema_decay, var_list=None):
