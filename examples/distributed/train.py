@@ -12,6 +12,14 @@ virtual CPU towers each (start the chief, worker 0, first or together):
       --ps_hosts=127.0.0.1:2222 --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 \
       --num_towers=2 --train_dir=/tmp/dist_train
 
+All-reduce across the workers instead of a ps: no --ps_hosts, and
+--variable_update=replicated on every worker:
+
+  python examples/distributed/train.py --job_name=worker --task_index=0 \
+      --worker_hosts=127.0.0.1:2223,127.0.0.1:2224 --variable_update=replicated \
+      --num_towers=2 --train_dir=/tmp/allreduce_train
+  (and --task_index=1 likewise)
+
 Without cluster flags (and without TF_CONFIG) it trains in one process on
 --num_towers towers: the same global batches, the same updates.
 
@@ -48,8 +56,9 @@ flags.DEFINE_float("learning_rate", 0.1, "SGD learning rate.")
 flags.DEFINE_bool("batch_norm", False, "Add batch norm after the convolution.")
 flags.DEFINE_string("bn_mode", "first_tower", "'first_tower' or 'all_towers'.")
 flags.DEFINE_enum("variable_update", "parameter_server", ["parameter_server", "replicated"],
-                  "'replicated' (a copy per tower, gradients all-reduced) is for one "
-                  "machine only: refused with cluster flags.")
+                  "'replicated': a copy per tower, gradients all-reduced (in a cluster: "
+                  "across every worker's towers, no ps task). 'parameter_server': "
+                  "variables on the ps tasks (--ps_hosts).")
 flags.DEFINE_string("train_dir", "/tmp/towerlib_distributed", "Checkpoints and events.")
 flags.DEFINE_integer("save_checkpoint_steps", 100, "Checkpoint every this many steps.")
 flags.DEFINE_integer("log_every_n_steps", 1, "Log every this many steps.")
@@ -142,6 +151,8 @@ def train_one_machine():
 
 def train_replica(cluster):
     server = cluster_lib.start_server(cluster, FLAGS.num_towers)
+    if FLAGS.variable_update == "replicated":
+        return train_allreduce_worker(cluster, server)
     with tf.Graph().as_default():
         placer = cluster_lib.ParameterServerPlacer(cluster)
         with tf.compat.v1.device(placer):
@@ -163,16 +174,48 @@ def train_replica(cluster):
             examples_per_step=FLAGS.global_batch_size)
 
 
+def train_allreduce_worker(cluster, server):
+    """This worker's towers, its own copies, the gradients all-reduced over all workers."""
+    with tf.Graph().as_default():
+        with tf.device(f"{cluster.task_device}/device:CPU:0"):
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            inputs = replica_batch(global_step, cluster.replica_index,
+                                   cluster.num_replicas)
+        graph = cluster_lib.build_sync_train_graph(
+            model, inputs,
+            tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
+            cluster, num_towers=FLAGS.num_towers, device_type=FLAGS.device_type,
+            bn_mode=FLAGS.bn_mode, global_step=global_step, update=towerlib.Replicated())
+        return cluster_lib.run_distributed_training(
+            graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
+            hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
+            step_deadline_secs=FLAGS.step_deadline_secs,
+            log_every_n_steps=FLAGS.log_every_n_steps,
+            save_checkpoint_steps=FLAGS.save_checkpoint_steps,
+            examples_per_step=FLAGS.global_batch_size)
+
+
+def cluster_mismatch(cluster):
+    """One line when --variable_update does not fit the cluster, else None."""
+    if FLAGS.variable_update == "replicated" and cluster.num_ps:
+        return ("--variable_update=replicated all-reduces across the workers, and "
+                "the cluster has ps tasks. Fix: drop --ps_hosts (no ps task), or drop "
+                "--variable_update to train through the ps tasks.")
+    if FLAGS.variable_update == "parameter_server" and not cluster.num_ps:
+        return ("the cluster has no ps task (--ps_hosts), which "
+                "--variable_update=parameter_server needs. Fix: give --ps_hosts, or "
+                "--variable_update=replicated to all-reduce across the workers.")
+    return None
+
+
 def main(argv):
     del argv
     cluster = cluster_lib.resolve_cluster(
         FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)
-    if cluster is not None and FLAGS.variable_update == "replicated":
+    mismatch = cluster_mismatch(cluster) if cluster is not None else None
+    if mismatch:
         # Every task refuses, the ps too: it would wait for workers that never come.
-        sys.stderr.write(
-            "error: --variable_update=replicated is for the towers of one machine; in a "
-            "cluster the variables live on the ps tasks. Fix: drop --variable_update "
-            "(parameter_server) with --ps_hosts/--worker_hosts or TF_CONFIG.\n")
+        sys.stderr.write(f"error: {mismatch}\n")
         sys.exit(2)
     if cluster is None:
         step, loss = train_one_machine()
@@ -188,7 +231,8 @@ def main(argv):
     else:
         try:
             step, loss = train_replica(cluster)
-        except (cluster_lib.PsUnavailableError, cluster_lib.ReplicaLostError) as error:
+        except (cluster_lib.PsUnavailableError, cluster_lib.ReplicaLostError,
+                TimeoutError) as error:
             # The message names the task and how to restart it: one line, no traceback.
             sys.stderr.write(f"error: {type(error).__name__}: {error}\n")
             sys.exit(2)

@@ -24,12 +24,24 @@ replica is done, and each replica runs
         model, inputs, optimizer, cluster, num_towers=num_towers, device_function=placer)
     cluster_lib.run_distributed_training(sync_graph, server, train_dir=..., max_steps=...)
 
-Modules: `spec` says which cluster and which task, `placement` where ops and
+Without ps tasks, `build_sync_train_graph(..., update=towerlib.Replicated())`
+trains by all-reduce across the workers instead (`allreduce`), and
+`run_distributed_training` runs it.
+
+Modules: `spec` says which cluster and which task, `allreduce` the
+all-reduce path, `placement` where ops and
 variables go, `sync_replicas` builds the synchronous step, `runtime` runs it
 to a clean end on every task, `recovery` bounds the wait for a lost ps task,
 `replica_watch` the wait for a lost worker.
 """
 
+from towerlib.cluster.allreduce import (
+    AllReduceTrainGraph,
+    WorkerLostError,
+    build_allreduce_train_graph,
+    run_allreduce_training,
+    worker_train_dir,
+)
 from towerlib.cluster.placement import (
     ParameterServerPlacer,
     session_config,

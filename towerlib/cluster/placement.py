@@ -16,7 +16,9 @@ def session_config(cluster, num_towers=1, base_config=None):
     A replica gets towerlib.session_config(num_towers) (virtual CPU devices
     for CPU towers) and device_filters that let it talk only to the ps tasks
     and itself: replicas never exchange tensors directly, and a replica that
-    is down must not stall the others' session creation.
+    is down must not stall the others' session creation. Without ps tasks
+    the replicas all-reduce: collectives reach the other workers whatever
+    the filters, and the chief's task leads the collective groups.
     """
     if cluster.is_ps:
         config = tf.compat.v1.ConfigProto()
@@ -25,6 +27,12 @@ def session_config(cluster, num_towers=1, base_config=None):
         config.device_filters[:] = [cluster.task_device]
         return config
     config = devices_lib.session_config(num_towers, base_config=base_config)
+    if cluster.num_ps == 0:
+        # All-reduce: the chief's task forms the collective groups (without
+        # it the first collective waits forever); sessions need only this task.
+        config.experimental.collective_group_leader = cluster.collective_leader
+        config.device_filters[:] = [cluster.task_device]
+        return config
     config.device_filters[:] = [f"/job:{PS_JOB}", cluster.task_device]
     return config
 
@@ -67,7 +75,10 @@ class ParameterServerPlacer:
 
     def __init__(self, cluster):
         if cluster.num_ps < 1:
-            raise ValueError("ParameterServerPlacer needs a cluster with a ps task.")
+            raise ValueError(
+                "This cluster has no ps task, so there is no parameter server to place "
+                "variables on. Fix: give the ps addresses (--ps_hosts), or train with "
+                "all-reduce across the workers: update=towerlib.Replicated().")
         self.ps_devices = cluster.ps_devices
         self._ps_placer = devices_lib.GreedyVariablePlacer(self.ps_devices)
         self.replica_device = tf.DeviceSpec.from_string(cluster.task_device)

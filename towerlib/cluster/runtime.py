@@ -12,6 +12,7 @@ import time
 import tensorflow as tf
 
 from towerlib.run import trainer as trainer_lib
+from towerlib.cluster import allreduce
 from towerlib.cluster import recovery
 from towerlib.cluster import replica_watch
 from towerlib.cluster.placement import start_server
@@ -152,6 +153,10 @@ def run_distributed_training(
         report_done=True, **run_kwargs):
     """Runs this replica's training until global_step reaches max_steps.
 
+    An all-reduce job (build_sync_train_graph with update=towerlib.Replicated())
+    runs through towerlib.cluster.allreduce.run_allreduce_training; what
+    follows is the parameter-server path.
+
     The chief initializes or restores from the latest checkpoint in train_dir,
     and alone writes checkpoints and summaries there (train_dir must be on a
     file system every ps task can write: the checkpoint is sharded per ps).
@@ -192,6 +197,11 @@ def run_distributed_training(
         for a replica (killed, stopped or never started).
     """
     cluster = sync_graph.cluster
+    if isinstance(sync_graph, allreduce.AllReduceTrainGraph):
+        return allreduce.run_allreduce_training(
+            sync_graph, server, train_dir=train_dir, max_steps=max_steps, hooks=hooks,
+            startup_timeout_secs=startup_timeout_secs,
+            step_deadline_secs=step_deadline_secs, **run_kwargs)
     with sync_graph.train_graph.train_op.graph.as_default():
         control = ControlSession(cluster, server.target, sync_graph.session_config)
     try:

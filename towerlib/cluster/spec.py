@@ -1,8 +1,8 @@
 """Which cluster a process belongs to and which task it is.
 
-A cluster has parameter-server tasks ('ps'), which hold the variables, and
-replica tasks ('worker', plus an optional 'chief' job from TF_CONFIG), which
-train. `ClusterInfo` describes it; `cluster_from_flags`,
+A cluster has replica tasks ('worker', plus an optional 'chief' job from
+TF_CONFIG), which train, and for the parameter-server path ps tasks, which
+hold the variables (without ps tasks the replicas all-reduce). `ClusterInfo` describes it; `cluster_from_flags`,
 `cluster_from_tf_config` and `resolve_cluster` build one and say what is
 wrong with a description that cannot work.
 
@@ -16,6 +16,8 @@ import os
 from typing import Dict, Tuple
 
 import tensorflow as tf
+
+from towerlib.exchange.group import WorkerGroup
 
 PS_JOB = "ps"
 WORKER_JOB = "worker"
@@ -88,6 +90,24 @@ class ClusterInfo:
         return f"/job:{self.job_name}/task:{self.task_index}"
 
     @property
+    def worker_group(self):
+        """This replica among all of them, for an exchange that spans the workers."""
+        return WorkerGroup(num_workers=self.num_replicas, worker_index=self.replica_index)
+
+    @property
+    def collective_leader(self):
+        """The task that forms the collective groups: the chief's."""
+        job = CHIEF_JOB if self.jobs.get(CHIEF_JOB) else WORKER_JOB
+        return f"/job:{job}/replica:0/task:0"
+
+    def replica_address(self, replica_index):
+        """('job task i', 'host:port') of replica `replica_index` (chief first)."""
+        tasks = [(job, index, address) for job in self.replica_jobs
+                 for index, address in enumerate(self.jobs[job])]
+        job, index, address = tasks[replica_index]
+        return f"{job} task {index}", address
+
+    @property
     def ps_devices(self):
         return [f"/job:{PS_JOB}/task:{i}/device:CPU:0" for i in range(self.num_ps)]
 
@@ -127,10 +147,6 @@ def _validated(jobs, job_name, task_index, source):
             f"{source}: unknown job(s) {unknown}. towerlib knows 'ps' (variables), "
             "'worker' and 'chief' (training replicas).")
     jobs = {job: hosts for job, hosts in jobs.items() if hosts}
-    if not jobs.get(PS_JOB):
-        raise ValueError(
-            f"{source}: the cluster has no 'ps' task. Variables live on parameter "
-            "servers: give at least one ps address (--ps_hosts).")
     if not jobs.get(WORKER_JOB) and not jobs.get(CHIEF_JOB):
         raise ValueError(
             f"{source}: the cluster has no 'worker' task. Give at least one worker "
@@ -166,7 +182,8 @@ def cluster_from_flags(ps_hosts="", worker_hosts="", job_name="", task_index=0):
     """The cluster from --ps_hosts/--worker_hosts/--job_name/--task_index values.
 
     Worker 0 is the chief. Returns None when all of ps_hosts, worker_hosts and
-    job_name are empty (a one-machine run).
+    job_name are empty (a one-machine run). Without ps_hosts the workers
+    train with all-reduce (towerlib.cluster.allreduce).
 
     Raises:
       ValueError: naming the flag that is missing or malformed.
@@ -175,13 +192,13 @@ def cluster_from_flags(ps_hosts="", worker_hosts="", job_name="", task_index=0):
     workers = parse_host_list(worker_hosts, "--worker_hosts")
     if not ps and not workers and not job_name:
         return None
-    missing = [name for name, value in (("--ps_hosts", ps), ("--worker_hosts", workers),
+    missing = [name for name, value in (("--worker_hosts", workers),
                                         ("--job_name", job_name)) if not value]
     if missing:
         raise ValueError(
-            f"Distributed training needs --ps_hosts, --worker_hosts and --job_name "
-            f"together; missing: {', '.join(missing)}. Leave all of them empty to "
-            "train on one machine.")
+            f"Distributed training needs --worker_hosts and --job_name (and "
+            f"--ps_hosts for parameter servers); missing: {', '.join(missing)}. Leave "
+            "all of them empty to train on one machine.")
     if job_name not in (PS_JOB, WORKER_JOB):
         raise ValueError(
             f"--job_name={job_name!r}: use 'ps' or 'worker' (worker 0 is the chief).")

@@ -33,7 +33,9 @@ import tensorflow as tf
 from towerlib.step.build import build_train_graph
 from towerlib.step.options import check_ema_decay
 from towerlib.step.train_graph import TrainGraph
+from towerlib.update.choose import resolve_update
 from towerlib.update.parameter_server import ParameterServer
+from towerlib.cluster import allreduce
 from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo
 from towerlib.internals import sync_replicas as sync_internals
@@ -173,8 +175,15 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
                            device_type=None, bn_mode="first_tower", precision="float32",
                            exchange=None, accumulation_steps=1, ema_decay=None,
                            global_step=None, learning_rate=None, var_list=None,
-                           summaries=True, check_isolation=True, device_function=None):
+                           summaries=True, check_isolation=True, device_function=None,
+                           update=None):
     """Builds this replica's synchronous training step.
+
+    `update` chooses how the workers combine, as on one machine: None or
+    towerlib.ParameterServer() trains through the ps tasks (below);
+    towerlib.Replicated() all-reduces across the workers, in a cluster
+    without ps tasks (towerlib.cluster.allreduce, which takes every option
+    of build_train_graph, bn_mode='sync' included).
 
     Call it in every replica with the same model, optimizer and arguments;
     `inputs` is this replica's own part of the global batch (say, rows
@@ -207,6 +216,19 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
         raise ValueError(
             "build_sync_train_graph runs on a training task (worker or chief); a ps "
             "task only serves variables (run_parameter_server).")
+    update = resolve_update("parameter_server" if update is None else update)
+    if update.exchanges_gradients:
+        return allreduce.build_allreduce_train_graph(
+            tower_fn, inputs, optimizer, cluster, num_towers=num_towers,
+            device_type=device_type, update=update, bn_mode=bn_mode, precision=precision,
+            exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
+            global_step=global_step, learning_rate=learning_rate, var_list=var_list,
+            summaries=summaries, check_isolation=check_isolation)
+    if cluster.num_ps == 0:
+        raise ValueError(
+            "This cluster has no ps task, so the parameter-server path has nowhere to "
+            "keep the variables. Fix: give the ps addresses (--ps_hosts), or "
+            "all-reduce across the workers with update=towerlib.Replicated().")
     check_bn_mode_for_cluster(bn_mode, cluster)
     if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise TypeError("Pass the plain optimizer; build_sync_train_graph wraps it "

@@ -76,7 +76,8 @@ def check_fetches(fetches, feed_dict=None, graph=None) -> None:
     execute (data and control inputs, stopping at fed tensors) and groups the
     collective ops it meets by (group key, instance key). A collective of a
     group of T towers completes only when all T of its ops run; if the run
-    holds fewer, it would wait forever (or until a deadline). The typical
+    holds fewer than the graph has (all T, or across workers this worker's
+    own), it would wait forever (or until a deadline). The typical
     cause is fetching one tower's tensors alone, e.g. ``train.tower_losses[0]``.
 
     Cost: one walk over the fetched subgraph (milliseconds for a ResNet on 8
@@ -109,8 +110,11 @@ def check_fetches(fetches, feed_dict=None, graph=None) -> None:
             if id(tensor) not in fed:
                 stack.append(tensor.op)
         stack.extend(op.control_inputs)
+    in_graph = _collective_ops_in(graph) if members else {}
     for (group_key, instance_key), ops in sorted(members.items()):
-        group_size = ops[0].get_attr("group_size")
+        # Across workers this graph holds only this worker's members.
+        group_size = min(ops[0].get_attr("group_size"),
+                         in_graph.get((group_key, instance_key), 0))
         if len(ops) < group_size:
             names = sorted(op.name for op in ops)
             raise PartialFetchError(
@@ -124,6 +128,16 @@ def check_fetches(fetches, feed_dict=None, graph=None) -> None:
                 "for per-tower inspection build an evaluation graph "
                 "(build_towers with is_training=False), which has no collectives."
             )
+
+
+def _collective_ops_in(graph):
+    """{(group key, instance key): how many of its ops `graph` holds}."""
+    counts = {}
+    for op in graph.get_operations():
+        if collective_ops.is_collective_op(op):
+            key = (op.get_attr("group_key"), op.get_attr("instance_key"))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def bounded_session_config(config=None, timeout_seconds=DEFAULT_TIMEOUT_SECONDS):

@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_BASENAME", "SAVING_DIRNAME", "STATE_FILENAME", "CheckpointError",
     "CheckpointWriter", "checkpoint_files", "checkpoint_problem", "checkpoint_step",
     "data_shard_prefix", "delete_checkpoint", "find_restorable_checkpoint", "prepare_restore", "read_state",
+    "restorable_steps",
     "remove_leftovers", "scan_prefixes", "write_state",
 ]
 
@@ -152,6 +153,23 @@ def find_restorable_checkpoint(train_dir, read_values=True):
             "Restore the directory from a backup, or move these files away to "
             "start training from scratch.")
     return None
+
+
+def restorable_steps(train_dir):
+    """{global step: prefix} of the complete checkpoints in `train_dir`.
+
+    Complete means every file is there (values are not read): what workers
+    that must restore the same step compare (towerlib.cluster.allreduce).
+    """
+    if not tf.io.gfile.isdir(train_dir):
+        return {}
+    steps = {}
+    for prefix in _newest_first(read_state(train_dir), scan_prefixes(train_dir)):
+        step = checkpoint_step(prefix)
+        if step is not None and step not in steps and \
+                checkpoint_problem(prefix, read_values=False) is None:
+            steps[step] = prefix
+    return steps
 
 
 def prepare_restore(train_dir, read_values=True):

@@ -131,7 +131,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  max_checkpoints_to_keep=5,
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
                  collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS,
-                 session_creator_wrapper=None, trace_steps=()):
+                 session_creator_wrapper=None, trace_steps=(), restore_from="newest"):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
@@ -171,6 +171,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         each writes its RunMetadata to TensorBoard (tag 'step_<n>'), a Chrome
         trace and a PNG into train_dir/traces, and logs one line on how the
         towers overlapped (towerlib.trace). Other steps run as before.
+      restore_from: 'newest' (the newest complete checkpoint in train_dir),
+        a checkpoint prefix, or None to start afresh; across workers every
+        worker restores the step they agreed on (towerlib.cluster.allreduce).
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -199,10 +202,14 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     graph = train_graph.train_op.graph
     scaffold = scaffold or tf.compat.v1.train.Scaffold()
 
-    restore_from = None
     if is_chief:
         tf.io.gfile.makedirs(train_dir)
-        restore_from = checkpoints.prepare_restore(train_dir)
+        if restore_from == "newest":
+            restore_from = checkpoints.prepare_restore(train_dir)
+        elif restore_from is not None:
+            logger.info("Restoring %s.", restore_from)
+    else:
+        restore_from = None
 
     # Built before the session finalizes the graph.
     step_after = step_after_update(train_graph)

@@ -1,0 +1,253 @@
+"""Training across workers by all-reduce: no ps task, every worker its own copies.
+
+A cluster without ps tasks trains with `towerlib.Replicated()` spanning every
+worker: each worker builds its own towers with a copy of every variable, and
+the exchange that sums the gradients on one machine sums them over every
+tower of every worker (one collective group; towerlib.exchange.WorkerGroup).
+Each step is one optimizer update on the mean loss of the whole global batch,
+applied by every worker to its own copies, which therefore stay bit-identical.
+
+    cluster = cluster_lib.resolve_cluster(worker_hosts=HOSTS, job_name="worker",
+                                          task_index=r)           # no ps_hosts
+    server = cluster_lib.start_server(cluster, num_towers)
+    graph = cluster_lib.build_sync_train_graph(
+        model, my_shard_of_the_batch, optimizer, cluster, num_towers=num_towers,
+        update=towerlib.Replicated())
+    cluster_lib.run_distributed_training(graph, server, train_dir=..., max_steps=...)
+
+Starting. Every worker waits until every other worker accepts connections,
+then the workers agree on the checkpoint to resume from: the newest global
+step that the chief and every worker have in their own folder (the chief's
+`train_dir`, worker r's `train_dir/worker_<r>`); each restores its own, its
+input position included, and the chief's values are broadcast to every
+copy. A worker that has no checkpoint of that step starts its data afresh
+(a warning says so).
+
+Faults. TensorFlow's collectives cannot recover in a process once one has
+failed, so a lost worker ends the job: every step carries a deadline
+(`step_deadline_secs`); a killed worker fails the others' step at once, a
+stopped or missing one at the deadline, and every worker raises
+WorkerLostError with one line naming the task and saying to restart every
+worker with the same command (the job then resumes as above).
+"""
+
+import copy
+import dataclasses
+import logging
+import os
+import time
+from typing import Any, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from towerlib.cluster import placement
+from towerlib.cluster import replica_watch
+from towerlib.cluster.spec import ClusterInfo
+from towerlib.internals import collective_ops
+from towerlib.run import checkpoints
+from towerlib.run import trainer as trainer_lib
+from towerlib.step.build import build_train_graph
+from towerlib.step.train_graph import TrainGraph
+from towerlib.update.replicated import Replicated
+
+__all__ = ["AllReduceTrainGraph", "WorkerLostError", "build_allreduce_train_graph",
+           "run_allreduce_training", "worker_train_dir"]
+
+logger = logging.getLogger("towerlib")
+
+# The checkpoint agreement's collective group: apart from the training graph's.
+_AGREEMENT_GROUP_KEY = 0x7B0001
+_AGREEMENT_STEPS = 64
+# What a failed collective across workers raises in TF 2.21.
+_LOST_PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                     tf.errors.AbortedError, tf.errors.CancelledError,
+                     tf.errors.InternalError)
+
+
+class WorkerLostError(replica_watch.ReplicaLostError):
+    """A worker of an all-reduce job was lost; every worker must be restarted."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceTrainGraph:
+    """A worker's all-reduce training graph and what running it needs.
+
+    Attributes:
+      train_graph: the TrainGraph; its exchange spans every worker's towers.
+      cluster: the ClusterInfo it was built for.
+      session_config: the ConfigProto of this worker's server and sessions.
+      hooks: extra session hooks (none).
+    """
+
+    train_graph: TrainGraph
+    cluster: ClusterInfo
+    session_config: Any
+    hooks: Tuple[Any, ...] = ()
+
+
+def build_allreduce_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=None,
+                                device_type=None, update=None, **build_options):
+    """This worker's step of an all-reduce job (towerlib.build_train_graph's options).
+
+    `inputs` is this worker's own part of the global batch; the parts may
+    differ in size (each example counts once in the global mean).
+    """
+    if cluster.num_ps:
+        raise ValueError(
+            f"update={update!r} trains with all-reduce across the workers, and this "
+            f"cluster has {cluster.num_ps} ps task(s). Fix: drop the ps tasks "
+            "(--ps_hosts), or use update=towerlib.ParameterServer() to train through them.")
+    update = Replicated() if update is None else update
+    devices = placement.tower_devices(cluster, num_towers, device_type)
+    train_graph = build_train_graph(tower_fn, inputs, optimizer, devices=devices,
+                                    update=update, workers=cluster.worker_group,
+                                    **build_options)
+    return AllReduceTrainGraph(train_graph, cluster,
+                               placement.session_config(cluster, len(devices)))
+
+
+def worker_train_dir(train_dir, cluster):
+    """The folder this worker checkpoints into: the chief's is train_dir itself."""
+    if cluster.is_chief:
+        return str(train_dir)
+    return os.path.join(str(train_dir), f"worker_{cluster.replica_index}")
+
+
+def wait_for_workers(cluster, timeout_secs, poll_secs=0.5):
+    """Blocks until every other worker accepts connections, else WorkerLostError."""
+    deadline = time.monotonic() + timeout_secs
+    while True:
+        missing = replica_watch.unreachable_workers(cluster)
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            who = ", ".join(f"{task} ({address})" for task, address in missing.items())
+            raise WorkerLostError(
+                f"Worker {cluster.replica_index}: {who} did not start within "
+                f"{timeout_secs:.0f} s. Fix: start every worker (same --worker_hosts, "
+                "its own --task_index), or raise startup_timeout_secs.")
+        time.sleep(poll_secs)
+
+
+def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):
+    """The checkpoint prefix this worker restores (None: start afresh).
+
+    The steps every worker has are exchanged in one all-gather; the chosen
+    step is the newest the chief and every worker share, else the chief's
+    newest (a worker without it restores nothing and is told so).
+    """
+    for path in checkpoints.remove_leftovers(own_dir):
+        logger.info("Removed leftover of an interrupted save: %s", path)
+    own = checkpoints.restorable_steps(own_dir)
+    newest_first = sorted(own, reverse=True)[:_AGREEMENT_STEPS]
+    row = np.full([_AGREEMENT_STEPS], -1, np.int64)
+    row[:len(newest_first)] = newest_first
+    workers = cluster.num_replicas
+    with tf.Graph().as_default():
+        with tf.device(f"{cluster.task_device}/device:CPU:0"):
+            gathered = collective_ops.all_gather(
+                tf.constant(row), workers, _AGREEMENT_GROUP_KEY, 1, "auto")
+        config = copy.deepcopy(session_config)
+        config.operation_timeout_in_ms = int(timeout_secs * 1000)
+        with tf.compat.v1.Session(server.target, config=config) as session:
+            rows = session.run(gathered).reshape([workers, _AGREEMENT_STEPS])
+    per_worker = [set(int(s) for s in r if s >= 0) for r in rows]
+    common = set.intersection(*per_worker)
+    step = max(common) if common else max(per_worker[0], default=None)
+    if step is None:
+        return None
+    if step not in own:
+        logger.warning("Worker %d has no checkpoint of global step %d in %s: it takes "
+                       "the chief's weights but starts its input from the beginning.",
+                       cluster.replica_index, step, own_dir)
+        return None
+    return own[step]
+
+
+class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
+    """Runs the chief's broadcast once each session is ready, before the first step."""
+
+    def __init__(self, broadcast_op):
+        self._broadcast_op = broadcast_op
+
+    def after_create_session(self, session, coord):
+        del coord
+        session.run(self._broadcast_op)
+
+
+class _OneSessionOnly(tf.compat.v1.train.SessionCreator):
+    """No second session: after a collective failed, TensorFlow's abort is permanent."""
+
+    def __init__(self, creator, cluster):
+        self._creator = creator
+        self._cluster = cluster
+        self._created = False
+
+    def create_session(self):
+        if self._created:
+            raise WorkerLostError(_lost_message(self._cluster, None, "a step failed"))
+        self._created = True
+        return self._creator.create_session()
+
+
+def _lost_message(cluster, deadline_secs, what):
+    gone = replica_watch.unreachable_workers(cluster)
+    if gone:
+        cause = ", ".join(f"{task} ({address})" for task, address in gone.items()) + (
+            " no longer accepts connections" if len(gone) == 1 else
+            " no longer accept connections")
+    elif deadline_secs is not None:
+        cause = (f"no step completed within {deadline_secs:.0f} s though every worker "
+                 "accepts connections: one is stopped (SIGSTOP), hung or slower than "
+                 "the deadline")
+    else:
+        cause = "a worker left the collective group"
+    return (f"Worker {cluster.replica_index}: {what}: {cause}. TensorFlow's collectives "
+            "cannot go on in this process. Fix: restart every worker with the same "
+            "command; they resume from the newest checkpoint all of them have "
+            "(raise step_deadline_secs if steps are this slow).")
+
+
+def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
+                           startup_timeout_secs=600.0,
+                           step_deadline_secs=replica_watch.DEFAULT_STEP_DEADLINE_SECS,
+                           **run_kwargs):
+    """Runs this worker's part of an all-reduce job until global_step reaches max_steps.
+
+    Args:
+      graph: from build_allreduce_train_graph.
+      server: this task's server (start_server).
+      train_dir: the chief's folder; worker r checkpoints into train_dir/worker_r.
+      max_steps, hooks, **run_kwargs: as for towerlib.run_training (summaries
+        and traces are written by the chief only).
+      startup_timeout_secs: how long to wait for every worker to start.
+      step_deadline_secs: the bound on any run, the first step included.
+
+    Raises:
+      WorkerLostError: a worker did not start, or was lost during training.
+    """
+    cluster = graph.cluster
+    wait_for_workers(cluster, startup_timeout_secs)
+    own_dir = worker_train_dir(train_dir, cluster)
+    tf.io.gfile.makedirs(own_dir)
+    restore_from = agree_on_checkpoint(cluster, server, graph.session_config, own_dir,
+                                       startup_timeout_secs)
+    config = copy.deepcopy(graph.session_config)
+    config.operation_timeout_in_ms = int(step_deadline_secs * 1000)
+    if not cluster.is_chief:
+        run_kwargs.update(save_summaries_steps=None, trace_steps=())
+    deadline = replica_watch.StepDeadlineHook(step_deadline_secs)
+    all_hooks = [_BroadcastAtStart(graph.train_graph.broadcast_op), *graph.hooks, *hooks,
+                 deadline]
+    try:
+        return trainer_lib.run_training(
+            graph.train_graph, train_dir=own_dir, max_steps=max_steps, hooks=all_hooks,
+            session_config=config, master=server.target, is_chief=True,
+            restore_from=restore_from,
+            session_creator_wrapper=lambda creator: _OneSessionOnly(creator, cluster),
+            **run_kwargs)
+    except _LOST_PEER_ERRORS:
+        raise WorkerLostError(_lost_message(
+            cluster, step_deadline_secs, f"its run {deadline.runs} could not complete")) \
+            from None
