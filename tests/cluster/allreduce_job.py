@@ -1,0 +1,133 @@
+"""One process of an all-reduce equivalence run (tests/cluster/test_allreduce_training.py).
+
+    python allreduce_job.py --role=worker --task=1 --workers=2 --towers=2 --ports=P0,P1 ...
+    python allreduce_job.py --role=reference --towers=4 ...   # one process, W x N towers
+    python allreduce_job.py --role=one_device ...             # one tower, whole batch
+
+Every run trains the same small model (dense, towerlib batch norm, dense) for
+STEPS steps on fixed batches of GLOBAL_BATCH examples, which do not divide
+evenly over the towers. Tower t of the whole job (worker-major) reads the same
+rows in every role, through an input function, so the reference with W x N
+towers in one process is the single-machine definition of every bn_mode.
+The workers start from the chief's values after the broadcast; the chief saves
+them, and the other roles load them. Each run saves every variable (and
+every tower's copy) to OUT.npz.
+"""
+
+import argparse
+
+import numpy as np
+import tensorflow as tf
+
+import towerlib
+from towerlib import cluster as cluster_lib
+
+GLOBAL_BATCH = 11
+STEPS = 5
+FEATURES = 6
+
+
+def batches():
+    rng = np.random.RandomState(7)
+    images = rng.normal(size=(STEPS, GLOBAL_BATCH, FEATURES)).astype(np.float32)
+    labels = rng.randint(0, 3, size=(STEPS, GLOBAL_BATCH)).astype(np.int32)
+    return images, labels
+
+
+def rows_of_member(member, members):
+    """[start, end) of member's rows: the first B mod M members get one more."""
+    base, extra = divmod(GLOBAL_BATCH, members)
+    sizes = [base + (1 if m < extra else 0) for m in range(members)]
+    start = sum(sizes[:member])
+    return start, start + sizes[member]
+
+
+def model(inputs, ctx):
+    x, y = inputs
+    w1 = tf.compat.v1.get_variable("w1", [FEATURES, 5])
+    h = towerlib.batch_norm(tf.matmul(x, w1), ctx, name="bn", momentum=0.8)
+    # A weight's regularizer counts once in the step, whatever the workers.
+    w2 = tf.compat.v1.get_variable("w2", [5, 3],
+                                   regularizer=lambda w: 1e-3 * tf.nn.l2_loss(w))
+    logits = tf.matmul(tf.nn.tanh(h), w2)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=y, logits=logits))
+
+
+def optimizer(name):
+    return {"sgd": tf.compat.v1.train.GradientDescentOptimizer(0.3),
+            "momentum": tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
+            "adam": tf.compat.v1.train.AdamOptimizer(0.01)}[name]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--role", choices=["worker", "reference", "one_device"])
+    parser.add_argument("--task", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--towers", type=int, default=1)
+    parser.add_argument("--ports", default="")
+    parser.add_argument("--bn_mode", default="sync")
+    parser.add_argument("--optimizer", default="sgd")
+    parser.add_argument("--accumulation_steps", type=int, default=1)
+    parser.add_argument("--init", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    images, labels = batches()
+    step_index = None
+    if args.role == "worker":
+        cluster = cluster_lib.cluster_from_flags(
+            worker_hosts=",".join(f"127.0.0.1:{p}" for p in args.ports.split(",")),
+            job_name="worker", task_index=args.task)
+        server = cluster_lib.start_server(cluster, args.towers)
+        first_member, members = args.task * args.towers, args.workers * args.towers
+        target, config = server.target, cluster_lib.session_config(cluster, args.towers)
+    else:
+        first_member, members = 0, args.towers
+        target, config = "", towerlib.session_config(args.towers)
+
+    with tf.Graph().as_default():
+        step_index = tf.compat.v1.placeholder(tf.int32, [])
+        k = args.accumulation_steps
+
+        def input_fn(ctx):
+            start, end = rows_of_member(first_member + ctx.index, members)
+            # Micro-batch j of a tower: its rows split in k, the first ones longer.
+            bounds = np.linspace(start, end, k + 1).round().astype(int)
+            rows = tf.range(bounds[ctx.micro_batch], bounds[ctx.micro_batch + 1])
+            return (tf.gather(tf.gather(tf.constant(images), step_index), rows),
+                    tf.gather(tf.gather(tf.constant(labels), step_index), rows))
+
+        options = dict(bn_mode=args.bn_mode, accumulation_steps=k, summaries=False,
+                       update=towerlib.Replicated(pack_bytes=64))
+        if args.role == "worker":
+            graph = cluster_lib.build_sync_train_graph(
+                model, input_fn, optimizer(args.optimizer), cluster,
+                num_towers=args.towers, device_type="cpu", **options)
+            train = graph.train_graph
+        else:
+            train = towerlib.build_train_graph(
+                model, input_fn, optimizer(args.optimizer), num_towers=args.towers,
+                device_type="cpu", **options)
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+        with tf.compat.v1.Session(target, config=config) as session:
+            train.initialize(session)
+            if args.role == "worker" and args.task == 0:
+                np.savez(args.init, **{v.op.name: session.run(v)
+                                       for v in tf.compat.v1.global_variables()})
+            elif args.role != "worker":
+                start = np.load(args.init)
+                for variable in tf.compat.v1.global_variables():
+                    variable.load(start[variable.op.name], session)
+                if train.sync_copies_op is not None:
+                    session.run(train.sync_copies_op)
+            losses = [session.run([train.train_op, train.loss], {step_index: s})[1]
+                      for s in range(STEPS)]
+            np.savez(args.out, losses=np.array(losses),
+                     **{v.op.name: session.run(v) for v in variables})
+    print("losses", losses, flush=True)
+
+
+if __name__ == "__main__":
+    main()

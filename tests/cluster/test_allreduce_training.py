@@ -1,0 +1,94 @@
+"""All-reduce across worker processes equals one machine: every copy, every step.
+
+Each case starts W worker processes on free ports of 127.0.0.1 (N virtual CPU
+towers each, no ps task) and, beside them, the single-machine definition of
+the same step: one process with W x N towers whose tower t reads what member
+t reads across workers (tests/cluster/allreduce_job.py). With bn_mode='sync'
+it is also one device on the whole batch. After 5 steps on a global batch of
+11 (uneven over the towers):
+
+- every copy of every variable on every worker is bit-identical to the
+  chief's tower 0 (weights, optimizer slots, moving statistics, global_step);
+- each equals the single-machine run within 1e-5, and the losses too.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.distributed_processes import ProcessGroup, free_ports
+
+pytestmark = pytest.mark.slow
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "allreduce_job.py")
+BUDGET_SECS = 150
+
+
+@pytest.fixture
+def processes(tmp_path):
+    group = ProcessGroup(tmp_path, BUDGET_SECS, command=(sys.executable, JOB))
+    yield group
+    group.close()
+
+
+def plain_name(name):
+    """'replicated/tower_1/w1/Momentum' -> 'w1/Momentum'."""
+    parts = name.split("/")
+    if len(parts) > 2 and parts[0] == "replicated" and parts[1].startswith("tower_"):
+        return "/".join(parts[2:])
+    return name
+
+
+CASES = [
+    # workers, towers per worker, bn_mode, optimizer, accumulation_steps
+    (2, 2, "sync", "momentum", 1),
+    (2, 2, "all_towers", "adam", 2),
+    (2, 2, "first_tower", "sgd", 1),
+    (3, 1, "sync", "adam", 1),
+    (3, 1, "first_tower", "momentum", 1),
+    (3, 1, "all_towers", "sgd", 1),
+]
+
+
+@pytest.mark.parametrize("workers, towers, bn_mode, optimizer, steps", CASES)
+def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, workers, towers,
+                                                     bn_mode, optimizer, steps):
+    common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}",
+              f"--accumulation_steps={steps}", f"--init={tmp_path / 'init.npz'}"]
+    ports = ",".join(str(p) for p in free_ports(workers))
+    for task in range(workers):
+        processes.start(f"worker{task}", common + [
+            "--role=worker", f"--task={task}", f"--workers={workers}",
+            f"--towers={towers}", f"--ports={ports}", f"--out={tmp_path / f'w{task}.npz'}"])
+    processes.wait_for(lambda: os.path.exists(tmp_path / "init.npz"),
+                       "initial values from the chief", 90, watched="worker0")
+    references = {"reference": workers * towers}
+    if bn_mode == "sync":
+        references["one_device"] = 1
+    for role, count in references.items():
+        processes.start(role, common + [f"--role={role}", f"--towers={count}",
+                                        f"--out={tmp_path / f'{role}.npz'}"])
+    for name in [f"worker{t}" for t in range(workers)] + list(references):
+        assert processes.wait(name, 120) == 0, processes.describe(name)
+
+    chief = np.load(tmp_path / "w0.npz")
+    for task in range(workers):
+        worker = np.load(tmp_path / f"w{task}.npz")
+        for name in worker.files:
+            if name != "losses":
+                np.testing.assert_array_equal(
+                    worker[name], chief[plain_name(name)],
+                    err_msg=f"worker {task}'s {name} differs from the chief's tower 0")
+        np.testing.assert_array_equal(worker["losses"], chief["losses"])
+    for role in references:
+        reference = np.load(tmp_path / f"{role}.npz")
+        compared = [n for n in reference.files if "/" not in n or not n.startswith("replicated")]
+        assert {"w1", "w2", "bn/moving_mean", "bn/moving_variance", "global_step"} <= set(compared)
+        for name in compared:
+            np.testing.assert_allclose(chief[name], reference[name], rtol=0, atol=1e-5,
+                                       err_msg=f"{name}: workers vs {role}")
+    slots = [n for n in chief.files if n.startswith("w1/") and n.count("/") == 1]
+    assert len(slots) == {"sgd": 0, "momentum": 1, "adam": 2}[optimizer], slots
+    assert int(chief["global_step"]) == 5
