@@ -13,7 +13,11 @@ nothing new, and a checkpoint never holds half an accumulated step.
 Memory: micro-batch j + 1's inputs wait (control dependencies) for every
 gradient of micro-batch j, so the micro-batches run one after the other
 and the activations of one are freed before the next starts: the peak
-activation memory is that of one micro-batch. The accumulated gradients
+activation memory is that of one micro-batch. The wait is a chain of
+gates (`after`), one NoOp per micro-batch after the first: it waits for the
+previous micro-batch's gradients and the previous gate, and the
+micro-batch's inputs wait for it, so the control edges grow linearly with
+k (not as k^2, every input waiting for every earlier gradient). The accumulated gradients
 (one model's worth per micro-batch until the sum) stay float32 on the
 variables' devices (parameter server) or the towers' (replicated).
 
@@ -29,6 +33,7 @@ return.
 import contextlib
 import dataclasses
 import numbers
+import weakref
 
 import tensorflow as tf
 
@@ -125,25 +130,65 @@ def after(inputs, gradients, host_device):
     """`inputs` (a nest, or an input function) made to wait for `gradients`.
 
     The wait is what runs the micro-batches one after the other (see the
-    module docstring); with no gradients the inputs come back unchanged. The
-    waiting identities stay on each input's device (else the host's), so no
+    module docstring); with no gradients the inputs come back unchanged.
+    Every input waits on one NoOp on the host, the micro-batch's gate, which
+    waits on the gradients not already behind the previous micro-batch's
+    gate, and on that gate: a chain, so the control edges grow linearly with
+    the micro-batches (gradients + 1 + inputs each) whether the caller passes
+    the previous micro-batch's gradients or every earlier one's. The waiting
+    identities stay on each input's device (else the host's), so no
     micro-batch is moved to a GPU whole.
     """
     waits = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients]
     if not waits:
         return inputs
+    gate = _gate([w.op for w in waits], host_device)
 
     def wait(tensor):
         with tf.device(tensor.device or host_device):
             return tf.identity(tensor)
 
-    def gate(nest):
-        with tf.control_dependencies(waits):
+    def gate_nest(nest):
+        with tf.control_dependencies([gate]):
             return tf.nest.map_structure(wait, nest)
 
     if callable(inputs):
-        return lambda ctx: gate(inputs(ctx))
-    return gate(inputs)
+        return lambda ctx: gate_nest(inputs(ctx))
+    return gate_nest(inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Gate:
+    """A micro-batch's gate, by name (a graph's ops would keep the graph alive)."""
+
+    name: str
+    covers: frozenset  # the names of every op it waits for, itself or through earlier gates
+
+
+# The newest gate built in each graph, so that the next one chains to it.
+_LAST_GATE = weakref.WeakKeyDictionary()
+
+
+def _gate(ops, host_device):
+    """One NoOp that runs after `ops`, chained to the previous gate when that covers part of them.
+
+    build_train_graph passes every earlier micro-batch's gradients; those
+    the previous gate already waits for are reached through it (one edge)
+    instead of again. A list the previous gate does not fall within (a new
+    build in the same graph) starts a new chain.
+    """
+    graph = ops[0].graph
+    ops = list({op.name: op for op in ops}.values())
+    covers = frozenset(op.name for op in ops)
+    control = ops
+    previous = _LAST_GATE.get(graph)
+    if previous is not None and previous.covers <= covers:
+        control = [op for op in ops if op.name not in previous.covers]
+        control.append(graph.get_operation_by_name(previous.name))
+    with tf.device(host_device), tf.control_dependencies(control):
+        gate = tf.no_op(name="wait_for_gradients")
+    _LAST_GATE[graph] = _Gate(gate.name, covers)
+    return gate
 
 
 def per_tower(towers, shares, num_towers):
