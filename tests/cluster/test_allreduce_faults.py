@@ -1,0 +1,115 @@
+"""All-reduce across workers under faults: nobody hangs, a restart ends where no fault does.
+
+Two workers, no ps (examples/distributed/train.py --variable_update=replicated,
+two virtual CPU towers each, data keyed by the global step) as real processes
+on 127.0.0.1, every one bounded by the ProcessGroup budget and killed in
+teardown. TensorFlow's collectives cannot recover inside a process, so a lost
+worker ends the job with one line on every other worker; restarting every
+worker resumes from the newest checkpoint both have.
+"""
+
+import re
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.distributed_processes import free_ports
+
+PROCESS_BUDGET_SECS = 100
+DEADLINE_SECS = 8
+FINISHED = re.compile(r"finished: global_step=(\d+) loss=([0-9.]+)")
+
+pytestmark = pytest.mark.slow
+
+
+def worker_flags(train_dir, max_steps, extra=()):
+    ports = free_ports(2)
+    return [f"--worker_hosts=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
+            "--variable_update=replicated", "--num_towers=2", "--batch_norm",
+            "--bn_mode=sync", f"--train_dir={train_dir}", f"--max_steps={max_steps}",
+            "--global_batch_size=14", "--log_every_n_steps=1",
+            f"--step_deadline_secs={DEADLINE_SECS}", "--startup_timeout_secs=30", *extra]
+
+
+def start_workers(processes, flags, tasks=(0, 1), suffix=""):
+    for task in tasks:
+        processes.start(f"worker{task}{suffix}",
+                        flags + ["--job_name=worker", f"--task_index={task}"])
+
+
+def one_error_line(text):
+    lines = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("fault", ["kill", "sigstop"])
+def test_a_lost_worker_stops_the_other_within_the_deadline(processes, tmp_path, fault):
+    """Killed: the peer's step fails at once. Stopped: at the step deadline. Either
+    way one line naming what happened and to restart every worker, status 2."""
+    flags = worker_flags(tmp_path / "train", 500, ["--sleep_secs_per_step=0.1"])
+    start_workers(processes, flags)
+    processes.wait_for_log("worker0", r"step [5-9], loss", 60)
+    if fault == "kill":
+        processes.kill("worker1")
+    else:
+        processes.signal("worker1", signal.SIGSTOP)
+    lost_at = time.monotonic()
+    bound = DEADLINE_SECS + 10
+    assert processes.wait("worker0", bound) == 2, processes.describe("worker0")
+    assert time.monotonic() - lost_at < bound
+    line = one_error_line(processes.log_text("worker0"))
+    assert "WorkerLostError" in line and "restart every worker" in line
+    if fault == "kill":
+        assert "worker task 1" in line and "no longer accepts connections" in line
+    else:
+        assert "stopped (SIGSTOP)" in line
+        assert "waiting" in processes.log_text("worker0")  # it said it was waiting
+
+
+def test_a_worker_that_never_starts_is_named(processes, tmp_path):
+    flags = worker_flags(tmp_path / "train", 20, ["--startup_timeout_secs=4"])
+    start_workers(processes, flags, tasks=(0,))
+    assert processes.wait("worker0", 40) == 2, processes.describe("worker0")
+    line = one_error_line(processes.log_text("worker0"))
+    assert "worker task 1" in line and "did not start within 4 s" in line
+
+
+def final_values(train_dir, step):
+    reader = tf.train.load_checkpoint(str(train_dir / f"model.ckpt-{step}"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith("_")}
+
+
+def test_a_restarted_job_ends_bit_identical_to_an_uninterrupted_one(processes, tmp_path):
+    """Worker 1 killed once both have checkpoint 8; worker 0 stops; both restarted
+    resume from 8 or later and end at 20 with the uninterrupted run's loss and weights."""
+    steps = ["--save_checkpoint_steps=4", "--sleep_secs_per_step=0.2"]
+    start_workers(processes, worker_flags(tmp_path / "whole", 20, steps))
+    start_workers(processes, worker_flags(tmp_path / "cut", 20, steps), suffix="_cut")
+    both_have_8 = lambda: ((tmp_path / "cut" / "model.ckpt-8.index").exists() and
+                           (tmp_path / "cut" / "worker_1" / "model.ckpt-8.index").exists())
+    processes.wait_for(both_have_8, "checkpoint 8 on both workers", 60, watched="worker0_cut")
+    processes.kill("worker1_cut")
+    assert processes.wait("worker0_cut", DEADLINE_SECS + 10) == 2
+    for name in ("worker0", "worker1"):
+        assert processes.wait(name, 80) == 0, processes.describe(name)
+    restart = worker_flags(tmp_path / "cut", 20, steps)
+    start_workers(processes, restart, suffix="_again")
+    for name in ("worker0_again", "worker1_again"):
+        assert processes.wait(name, 60) == 0, processes.describe(name)
+    log = processes.log_text("worker0_again")
+    resumed = re.search(r"Restoring .*model\.ckpt-(\d+)", log)
+    assert resumed and int(resumed.group(1)) >= 8, log[-2000:]
+    whole = FINISHED.findall(processes.log_text("worker0"))
+    again = FINISHED.findall(log)
+    assert whole == again and whole[0][0] == "20", (whole, again)
+    uninterrupted, resumed_run = final_values(tmp_path / "whole", 20), \
+        final_values(tmp_path / "cut", 20)
+    assert uninterrupted.keys() == resumed_run.keys()
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed_run[name], value, err_msg=name)
