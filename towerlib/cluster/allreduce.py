@@ -152,9 +152,7 @@ def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):
         config.operation_timeout_in_ms = int(timeout_secs * 1000)
         with tf.compat.v1.Session(server.target, config=config) as session:
             rows = session.run(gathered).reshape([workers, _AGREEMENT_STEPS])
-    per_worker = [set(int(s) for s in r if s >= 0) for r in rows]
-    common = set.intersection(*per_worker)
-    step = max(common) if common else max(per_worker[0], default=None)
+    step = choose_resume_step([[int(s) for s in r if s >= 0] for r in rows])
     if step is None:
         return None
     if step not in own:
@@ -163,6 +161,23 @@ def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):
                        cluster.replica_index, step, own_dir)
         return None
     return own[step]
+
+
+def choose_resume_step(steps_per_worker):
+    """The global step every worker resumes from, or None to start afresh.
+
+    `steps_per_worker[r]` lists worker r's complete checkpoints (the chief's
+    first). The newest step all of them have keeps every worker's input
+    position; without one, the chief's newest keeps the weights at least.
+
+        choose_resume_step([[10, 20], [10, 20]])   # 20
+        choose_resume_step([[10, 20], [10]])       # 10: worker 1 lost step 20
+        choose_resume_step([[10, 20], []])         # 20: worker 1 starts its data over
+    """
+    common = set(steps_per_worker[0]).intersection(*map(set, steps_per_worker[1:]))
+    if common:
+        return max(common)
+    return max(steps_per_worker[0], default=None)
 
 
 class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):

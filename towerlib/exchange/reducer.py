@@ -80,16 +80,10 @@ class CrossTowerReducer:
     ``gather`` adds a leading axis of size 1.
     """
 
-    def __init__(
-        self,
-        devices: Sequence[str],
-        group_key: Optional[int] = None,
-        timeout_seconds: Optional[float] = None,
-        communication_hint: Optional[str] = None,
-        ordered: Optional[bool] = None,
-        transport: Optional[str] = None,
-        workers: WorkerGroup = ONE_WORKER,
-    ):
+    def __init__(self, devices: Sequence[str], group_key: Optional[int] = None,
+                 timeout_seconds: Optional[float] = None,
+                 communication_hint: Optional[str] = None, ordered: Optional[bool] = None,
+                 transport: Optional[str] = None, workers: WorkerGroup = ONE_WORKER):
         devices = list(devices)
         transport, communication_hint = transport_rules.check_reducer_options(
             devices, group_key, timeout_seconds, communication_hint, transport,
@@ -223,22 +217,15 @@ class CrossTowerReducer:
 
         Returns:
           The same structure as `tensors`: a tensor of shape
-          [num_towers, *shape] whose row t is tower t's value. Differentiable:
-          the gradient for this tower's input is row `tower_index` of the sum of
-          all towers' incoming gradients.
+          [group_size, *shape] whose row t is tower t's value. Differentiable:
+          the gradient for this tower's input is its row of the sum of all
+          towers' incoming gradients.
 
-        Use it instead of ``sum`` when the combination must see each tower's
-        value, e.g. combining per-tower means and variances without cancellation.
-
-        Row order. The graph transport's hub stacks rows in tower order. An
-        all-gather stacks them in the collective's rank order, which
-        TensorFlow chooses: sorted device names on CPU, an order that follows
-        the interconnect on GPUs. So through collectives each row travels
-        with its tower index and the rows are put back in tower order: a
-        handful of small ops, and on GPUs a trip to host memory for the
-        permutation (TensorFlow's InvertPermutation runs there).
-        ``gather_unordered`` skips all that, for combinations that do not
-        care about the order.
+        Row order. An all-gather stacks rows in the collective's rank order
+        (sorted device names on CPU, the interconnect's on GPUs), so each row
+        travels with its tower index and the rows are put back in order (on
+        GPUs InvertPermutation runs on the host). ``gather_unordered`` skips
+        that, for combinations that do not care about the order.
         """
         return self._reduce("gather", tensors, tower_index, name)
 
@@ -270,22 +257,16 @@ class CrossTowerReducer:
     # -------------------------------------------------------------- internals
 
     def _check_tower(self, tower_index):
-        if (
-            isinstance(tower_index, bool)
-            or not isinstance(tower_index, numbers.Integral)
-            or not (0 <= tower_index < len(self._devices))
-        ):
-            raise ValueError(
-                f"tower_index must be an int in [0, {len(self._devices)}), got {tower_index!r}."
-            )
-        graph = tf.compat.v1.get_default_graph()
-        if graph is not self._graph:
+        if (isinstance(tower_index, bool) or not isinstance(tower_index, numbers.Integral)
+                or not 0 <= tower_index < len(self._devices)):
+            raise ValueError(f"tower_index must be an int in [0, {len(self._devices)}), "
+                             f"got {tower_index!r}.")
+        if tf.compat.v1.get_default_graph() is not self._graph:
             raise ValueError(
                 "CrossTowerReducer used in a different graph than the one it was "
                 "created in (or inside a tf.function / control-flow body). Create "
                 "the reducer in the graph that holds the towers, and call it "
-                "directly in that graph."
-            )
+                "directly in that graph.")
 
     def _reduce(self, kind, tensors, tower_index, name, in_gradient=False, differentiable=True):
         self._check_tower(tower_index)
@@ -339,13 +320,10 @@ class CrossTowerReducer:
     def _unpacked_sum(self, reduced, unpack, instance_key, in_gradient):
         """The tensors of a summed buffer no gradient goes through.
 
-        Through the graph transport every tower's call returns the hub's one
-        output, so its pieces are cut once, next to the hub, and every tower
-        reads the same pieces: an all-reduce of a hundred gradients over 8
-        towers builds one split and one reshape per gradient, not eight.
-        The first tower's call makes them, free of its control dependencies
-        and colocation. Through collectives (each tower's own result) or in
-        a gradient function each tower unpacks its own.
+        Through the graph transport every tower reads the hub's one output,
+        so its pieces are cut once, next to the hub (one split per buffer,
+        not one per tower), free of the first caller's control dependencies.
+        Through collectives or in a gradient function each tower unpacks its own.
         """
         if in_gradient or not getattr(self._channel, "one_output_for_every_tower", False):
             return unpack(reduced, leading=[])

@@ -1,0 +1,110 @@
+"""Building one worker's step of an all-reduce job (no server needed: nothing runs).
+
+The processes themselves are in tests/cluster/test_allreduce_*.py; here the
+built graph: one collective group over every worker's towers, the rules that
+refuse what cannot span workers, and the resume-step choice.
+"""
+
+import pytest
+import tensorflow as tf
+
+import towerlib
+from towerlib.cluster.allreduce import choose_resume_step
+from towerlib.exchange import safety
+from towerlib.internals import collective_ops
+
+
+def test_worker_group_maps_local_towers_to_members():
+    group = towerlib.WorkerGroup(num_workers=3, worker_index=2)
+    assert group.spans_workers and not group.is_chief
+    assert group.size(towers_per_worker=2) == 6
+    assert [group.member(i, 2) for i in range(2)] == [4, 5]
+    with pytest.raises(ValueError, match=r"outside 0\.\.2"):
+        towerlib.WorkerGroup(num_workers=3, worker_index=3)
+    with pytest.raises(TypeError, match="must be an int"):
+        towerlib.WorkerGroup(num_workers=2.0)
+
+
+def model(inputs, ctx):
+    weights = tf.compat.v1.get_variable("w", [3, 2])
+    hidden = towerlib.batch_norm(tf.matmul(inputs, weights), ctx, name="bn")
+    return tf.reduce_mean(tf.square(hidden))
+
+
+def build_worker(worker_index, bn_mode="sync", **options):
+    devices = [f"/job:worker/replica:0/task:{worker_index}/device:CPU:{i}" for i in range(2)]
+    return towerlib.build_train_graph(
+        model, tf.zeros([8, 3]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+        devices=devices, bn_mode=bn_mode, update=towerlib.Replicated(),
+        workers=towerlib.WorkerGroup(num_workers=2, worker_index=worker_index), **options)
+
+
+@pytest.mark.parametrize("bn_mode", ["first_tower", "all_towers", "sync"])
+def test_every_collective_spans_every_workers_towers(bn_mode):
+    with tf.Graph().as_default() as graph:
+        train = build_worker(1, bn_mode)
+        collectives = [op for op in graph.get_operations()
+                       if collective_ops.is_collective_op(op)]
+        assert collectives
+        assert {op.get_attr("group_size") for op in collectives} == {4}
+        # Only this worker's two members are in its graph, one per tower device.
+        assert {op.device.split("device:")[-1] for op in collectives} == {"CPU:0", "CPU:1"}
+        assert all("/task:1/" in op.device for op in collectives)
+        assert train.broadcast_op is not None
+        # The train op runs this worker's half of every collective it needs.
+        safety.check_fetches(train.train_op, graph=graph)
+        safety.check_fetches(train.loss, graph=graph)
+
+
+def test_one_tower_per_worker_still_synchronizes_batch_norm():
+    """3 x 1: no local peer, yet sync batch norm gathers over the 3 workers."""
+    with tf.Graph().as_default() as graph:
+        towerlib.build_train_graph(
+            model, tf.zeros([8, 3]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            devices=["/job:worker/replica:0/task:2/device:CPU:0"], bn_mode="sync",
+            update=towerlib.Replicated(), workers=towerlib.WorkerGroup(3, 2))
+        names = [op.name for op in graph.get_operations()
+                 if collective_ops.is_collective_op(op)]
+        assert any("sync_batch_norm" in name for name in names), names
+
+
+def test_what_cannot_span_workers_is_refused_before_building():
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"cannot span the 2 workers.*CollectiveExchange"):
+            build_worker(0, exchange="graph")
+        with pytest.raises(ValueError, match=r"towerlib.Replicated\(\)"):
+            towerlib.build_train_graph(
+                model, tf.zeros([8, 3]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                num_towers=1, update="parameter_server",
+                workers=towerlib.WorkerGroup(num_workers=2, worker_index=0))
+
+
+def test_only_the_chief_adds_the_weights_regularization():
+    """Summed over workers, a weight's regularization counts once."""
+    def regularized(inputs, ctx):
+        weights = tf.compat.v1.get_variable(
+            "w", [3, 2], regularizer=lambda w: 0.5 * tf.reduce_sum(w))
+        return tf.reduce_mean(tf.matmul(inputs, weights))
+
+    def objective_reads_regularization(worker_index):
+        with tf.Graph().as_default() as graph:
+            towerlib.build_train_graph(
+                regularized, tf.zeros([4, 3]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                devices=[f"/job:worker/replica:0/task:{worker_index}/device:CPU:0"],
+                update=towerlib.Replicated(), workers=towerlib.WorkerGroup(2, worker_index))
+            return any(op.name.endswith("tower_0/regularization")
+                       for op in graph.get_operations())
+
+    assert objective_reads_regularization(0)
+    assert not objective_reads_regularization(1)
+
+
+@pytest.mark.parametrize("steps, expected", [
+    ([[10, 20], [10, 20]], 20),
+    ([[10, 20], [10]], 10),
+    ([[10, 20], []], 20),
+    ([[], [10]], None),
+    ([[5, 10, 15], [10, 15], [5, 10]], 10),
+])
+def test_resume_step_is_the_newest_every_worker_has(steps, expected):
+    assert choose_resume_step(steps) == expected
