@@ -147,6 +147,11 @@ def _layer_of(name, prefix=""):
     return name.rsplit("/", 1)[0] if "/" in name else name
 
 
+def _shared_name(variable_op):
+    """The variable's name without a replicated copy's prefix: one per layer, not per tower."""
+    return variable_copies.plain_name(variable_op.name)
+
+
 def _variable_behind(tensor, hops=8):
     """The variable op a resource handle or ref tensor comes from, or None."""
     op = tensor.op
@@ -200,10 +205,10 @@ def _evidence(op, prefix, functions) -> List[Tuple[str, str]]:
         variable = _variable_behind(op.inputs[0])
         if variable is not None and _is_moving_statistic(variable):
             return [(_layer_of(variable.name),
-                     f"updates {variable.name} in the tower")]
+                     f"updates {_shared_name(variable)} in the tower")]
         if variable is not None and _fed_by_batch_statistics(op.inputs[1]):
             return [(_layer_of(op.name, prefix),
-                     f"{op.name[len(prefix):]} writes {variable.name} from batch moments")]
+                     f"{op.name[len(prefix):]} writes {_shared_name(variable)} from batch moments")]
         return []
     if op.type in _FUNCTION_CALLS:
         body = functions.reachable_op_types(op)
@@ -216,7 +221,7 @@ def _evidence(op, prefix, functions) -> List[Tuple[str, str]]:
                 variable = _variable_behind(tensor)
                 if variable is not None and _is_moving_statistic(variable):
                     found.append((_layer_of(variable.name),
-                                  f"updates {variable.name} inside a tf.cond"))
+                                  f"updates {_shared_name(variable)} inside a tf.cond"))
         return found
     return []
 
