@@ -48,6 +48,11 @@ class TrainPlan:
         return self.cluster is None or self.cluster.is_chief
 
     @property
+    def allreduce(self) -> bool:
+        """Whether the workers of a cluster all-reduce (no ps task)."""
+        return self.cluster is not None and self.flags.variable_update == "replicated"
+
+    @property
     def num_shards(self) -> int:
         return 1 if self.cluster is None else self.cluster.num_replicas
 
@@ -73,18 +78,25 @@ def check_cluster_flags(flags, cluster):
     Raises:
       FlagError: naming the flag and the fix.
     """
-    if flags.variable_update != "parameter_server":
+    allreduce = flags.variable_update == "replicated"
+    if allreduce and cluster.num_ps:
         raise options.FlagError(
-            "--variable_update=%s: replicated is for the towers of one machine; in a "
-            "cluster the variables live on the ps tasks. Fix: drop --variable_update "
-            "(parameter_server) on a cluster." % flags.variable_update)
+            "--variable_update=replicated all-reduces across the workers, and the cluster "
+            "has %d ps task(s). Fix: drop --ps_hosts (no ps task), or drop "
+            "--variable_update to train through the ps tasks." % cluster.num_ps)
+    if not allreduce and not cluster.num_ps:
+        raise options.FlagError(
+            "--variable_update=%s: the cluster has no ps task to hold the variables. Fix: "
+            "give --ps_hosts, or --variable_update=replicated to all-reduce across the "
+            "workers." % flags.variable_update)
     if flags.param_device not in ("", "cpu"):
         raise options.FlagError(
             "--param_device=%s: in a cluster the variables live on the ps tasks (placed "
             "by byte size), not on a worker's devices. Leave --param_device at its "
             "default (cpu); it only matters on one machine." % flags.param_device)
-    with options.blamed_on(flags, "bn_mode"):
-        towerlib.cluster.check_bn_mode_for_cluster(flags.bn_mode, cluster)
+    if not allreduce:  # the all-reduce exchange spans the workers: sync works there
+        with options.blamed_on(flags, "bn_mode"):
+            towerlib.cluster.check_bn_mode_for_cluster(flags.bn_mode, cluster)
     workers = cluster.num_replicas
     per_worker, rest = divmod(flags.global_batch_size, workers)
     if rest:
@@ -95,17 +107,18 @@ def check_cluster_flags(flags, cluster):
             "shares keep one step the mean over the global batch). Use a multiple of %d, "
             "e.g. %s%d." % (flags.global_batch_size, workers, workers,
                             "%d or " % lower if lower else "", lower + workers))
-    return per_worker, tf.compat.v1.train.SyncReplicasOptimizer(
-        tf.compat.v1.train.GradientDescentOptimizer(0.1), workers)
+    plain = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    return per_worker, (plain if allreduce else
+                        tf.compat.v1.train.SyncReplicasOptimizer(plain, workers))
 
 
 def serve_parameters(cluster, variable_update: str, timeout_secs: Optional[float] = None):
     """Runs a ps task: serves its share of the variables until every worker is done."""
     if variable_update != "parameter_server":  # the workers refuse it: do not wait for them
         raise options.FlagError(
-            "--variable_update=%s: replicated is for the towers of one machine; in a "
-            "cluster the variables live on the ps tasks. Fix: drop --variable_update "
-            "(parameter_server) on a cluster." % variable_update)
+            "--variable_update=%s all-reduces across the workers and needs no ps task. "
+            "Fix: do not start a ps (drop --ps_hosts everywhere), or drop "
+            "--variable_update to train through the ps tasks." % variable_update)
     logger.info("ps task %d of %d at %s: serving variables until the %d workers are done%s.",
                 cluster.task_index, cluster.num_ps,
                 cluster.jobs[cluster.job_name][cluster.task_index], cluster.num_replicas,
@@ -154,7 +167,8 @@ def restore_point(plan: TrainPlan):
         workers would wait for a chief that trains nothing).
     """
     flags = plan.flags
-    # Only the chief restores; another worker's train_dir may not even be the chief's.
+    # Only the chief restores (across all-reducing workers, each its own folder's
+    # checkpoint of the step they agree on: towerlib.cluster.allreduce).
     checkpoint = run_folder.restorable_checkpoint(flags.train_dir) if plan.is_chief else None
     step = int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
     if step:
@@ -245,7 +259,9 @@ def describe(plan: TrainPlan) -> str:
                shares, plan.shard_index + 1, plan.num_shards,
                input_pipeline.shard_size(plan.train_files.num_examples, plan.num_shards,
                                          plan.shard_index)))
-        variables = "the %d ps task(s)" % cluster.num_ps
+        variables = ("every tower of every worker (replicated, gradients all-reduced "
+                     "across the %d workers)" % cluster.num_replicas if plan.allreduce
+                     else "the %d ps task(s)" % cluster.num_ps)
     return (
         "Training %s %s, bn_mode=%s, variables on %s%s; %d training examples = %.1f steps "
         "per epoch; %s; until global step %d (%.1f epochs)."

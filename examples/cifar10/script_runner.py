@@ -26,6 +26,8 @@ USER_ERRORS = (
     run_errors.RunError,
     towerlib.DataPositionError,
     towerlib.DataError,
+    towerlib.cluster.ReplicaLostError,  # a lost worker: restart every worker
+    towerlib.cluster.PsUnavailableError,
 )
 USAGE_STATUS = 2
 

@@ -97,8 +97,10 @@ def inputs_and_optimizer(plan):
                 plan.train_files, plan.batch_size, plan.augmentation, seed=flags.seed,
                 num_shards=plan.num_shards, shard_index=plan.shard_index)
             # Its position (files, shuffle buffer, random streams) goes into every
-            # checkpoint: a restart reads on. (On a cluster only the chief would save it.)
-            iterator = (towerlib.saved_position_iterator(dataset) if plan.cluster is None
+            # checkpoint: a restart reads on. (Through ps tasks only the chief would save
+            # it; all-reducing workers each save their own.)
+            saved = plan.cluster is None or plan.allreduce
+            iterator = (towerlib.saved_position_iterator(dataset) if saved
                         else tf.compat.v1.data.make_one_shot_iterator(dataset))
             batch = iterator.get_next()
         learning_rate = plan.lr_schedule.tensor(global_step)  # in epochs of global batches
@@ -182,8 +184,9 @@ def plan_run(args, defaults=None, cluster=None) -> planning.TrainPlan:
 
 def build_step(plan):
     """The training step in the default graph: a towerlib.TrainGraph on one machine; on
-    a cluster this worker's SyncTrainGraph (variables on the ps tasks, every worker's
-    gradients averaged). Either way one step is one optimizer update per global batch."""
+    a cluster this worker's step, its gradients all-reduced with every worker's
+    (--variable_update=replicated) or averaged through the ps tasks. Either way one step
+    is one optimizer update per global batch."""
     flags, cluster = plan.flags, plan.cluster
     strategy = dict(bn_mode=flags.bn_mode, precision=plan.precision, exchange=plan.exchange,
                     accumulation_steps=flags.accumulation_steps, ema_decay=flags.ema_decay)
@@ -196,6 +199,13 @@ def build_step(plan):
             global_step=global_step, learning_rate=learning_rate, **strategy)
     if flags.seed is not None:  # the chief, which initializes the weights, keeps the seed
         tf.compat.v1.set_random_seed(flags.seed + cluster.replica_index)
+    if plan.allreduce:  # every worker its own copies, the chief's broadcast at start
+        with tf.device(cluster.task_device):
+            global_step, batch, learning_rate, optimizer = inputs_and_optimizer(plan)
+        return towerlib.cluster.build_sync_train_graph(
+            plan.model, batch, optimizer, cluster, num_towers=len(plan.devices),
+            device_type=flags.device_type or None, update=plan.update,
+            global_step=global_step, learning_rate=learning_rate, **strategy)
     placer = towerlib.cluster.ParameterServerPlacer(cluster)
     with tf.compat.v1.device(placer):  # variables to the ps tasks, the input stays here
         global_step, batch, learning_rate, optimizer = inputs_and_optimizer(plan)

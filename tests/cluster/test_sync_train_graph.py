@@ -45,12 +45,13 @@ def test_sync_replicas_graph_keeps_the_guard_inside_its_wrapper():
 
 
 @pytest.mark.parametrize("option,match", [
-    (dict(update="replicated"), "unexpected keyword argument 'update'"),
+    (dict(update="replicated"), r"has 1 ps task\(s\)\. Fix: drop the ps tasks"),
     (dict(precision="float16"), r"Float16\(\) with SyncReplicasOptimizer"),
 ])
 def test_sync_replicas_refuse_options_for_one_machine(option, match):
-    """Replicated copies, and float16's skipped steps (a replica that skips sends
-    nothing and the others would wait), have no place across machines."""
+    """Replicated copies all-reduce across workers without ps tasks (this cluster has
+    one), and float16's skipped steps (a replica that skips sends nothing and the
+    others would wait) have no place with SyncReplicasOptimizer."""
     cluster = cluster_lib.cluster_from_flags(
         ps_hosts="localhost:1", worker_hosts="localhost:2", job_name="worker", task_index=0)
     with tf.Graph().as_default():

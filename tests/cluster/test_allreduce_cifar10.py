@@ -1,0 +1,79 @@
+"""The CIFAR-10 example across two workers by all-reduce: the same flag as one machine.
+
+`python -m examples.cifar10.train --variable_update=replicated` with
+--worker_hosts and no --ps_hosts (worker 1 configured by TF_CONFIG) trains
+every worker's towers with their gradients all-reduced, sync batch norm
+included; the chief's checkpoint evaluates and exports as after a
+one-machine run. Mismatched flags are refused with the fix.
+"""
+
+import os
+import sys
+
+import pytest
+import tensorflow as tf
+
+from examples.cifar10 import eval as eval_lib
+from examples.cifar10 import generate, options, train
+from tests.distributed_processes import free_ports
+from towerlib import cluster as cluster_lib
+
+PROCESS_COMMAND = [sys.executable, "-m", "examples.cifar10.train"]
+PROCESS_BUDGET_SECS = 110
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("data"))
+    generate.ensure_generated(folder)
+    return folder
+
+
+@pytest.mark.slow  # two workers as real processes
+def test_two_workers_all_reduce_with_sync_batch_norm(processes, tmp_path, data_dir):
+    ports = free_ports(2)
+    hosts = [f"127.0.0.1:{p}" for p in ports]
+    chief_dir = tmp_path / "train"
+    run_flags = [f"--data_dir={data_dir}", "--model=resnet8", "--num_towers=2",
+                 "--device_type=cpu", "--global_batch_size=16", "--bn_mode=sync",
+                 "--variable_update=replicated", f"--max_steps={STEPS}",
+                 "--log_every_n_steps=1", "--seed=1", "--startup_timeout_secs=60",
+                 f"--train_dir={chief_dir}"]
+    processes.start("worker0", run_flags + [f"--worker_hosts={','.join(hosts)}",
+                                            "--job_name=worker", "--task_index=0"])
+    processes.start("worker1", run_flags, tf_config={
+        "cluster": {"worker": hosts}, "task": {"type": "worker", "index": 1}})
+    for name in ("worker0", "worker1"):
+        assert processes.wait(name, 100) == 0, processes.describe(name)
+    chief_log = processes.log_text("worker0")
+    assert "all-reduced across the 2 workers" in chief_log
+    losses = [line.split("loss = ")[1].split(",")[0]
+              for line in chief_log.splitlines() if f"step {STEPS}, loss = " in line]
+    other = [line.split("loss = ")[1].split(",")[0]
+             for line in processes.log_text("worker1").splitlines()
+             if f"step {STEPS}, loss = " in line]
+    assert losses and losses == other  # both report the global batch's loss
+    assert tf.train.latest_checkpoint(str(chief_dir)).endswith(f"model.ckpt-{STEPS}")
+    assert tf.train.latest_checkpoint(str(chief_dir / "worker_1")).endswith(
+        f"model.ckpt-{STEPS}")  # worker 1's own: its input position
+    result = eval_lib.evaluate_latest(str(chief_dir))
+    assert result.global_step == STEPS and result.examples == 1000
+
+
+def _plan(tmp_path, data_dir, ps_hosts, **overrides):
+    workers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    cluster = cluster_lib.cluster_from_flags(ps_hosts, workers, "worker", 0)
+    settings = dict(train_dir=str(tmp_path / "train"), data_dir=data_dir, model="resnet8",
+                    num_towers=2, device_type="cpu", global_batch_size=16, max_steps=STEPS)
+    settings.update(overrides)
+    return train.plan_run(settings, cluster=cluster)
+
+
+def test_the_update_flag_chooses_the_path_and_mismatches_are_refused(tmp_path, data_dir):
+    plan = _plan(tmp_path, data_dir, "", variable_update="replicated", bn_mode="sync")
+    assert plan.allreduce and plan.batch_size == 8
+    with pytest.raises(options.FlagError, match=r"has 1 ps task\(s\)\. Fix: drop --ps_hosts"):
+        _plan(tmp_path, data_dir, "127.0.0.1:1", variable_update="replicated")
+    with pytest.raises(options.FlagError, match="no ps task.*--variable_update=replicated"):
+        _plan(tmp_path, data_dir, "")
