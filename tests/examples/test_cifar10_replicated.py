@@ -100,7 +100,8 @@ def test_parameter_server_still_takes_an_explicit_param_device(tmp_path):
     check(_config(tmp_path, variable_update="replicated", gradient_pack_bytes=0))
 
 
-def test_replicated_is_refused_on_a_cluster(tmp_path):
+def test_replicated_is_refused_on_a_cluster_with_ps_tasks(tmp_path):
+    """Replicated all-reduces across the workers: ps tasks would wait for nothing."""
     cluster = cluster_lib.cluster_from_flags(
         "127.0.0.1:2222", "127.0.0.1:2223,127.0.0.1:2224", "worker", 0
     )  # described, never opened
@@ -108,7 +109,8 @@ def test_replicated_is_refused_on_a_cluster(tmp_path):
     with pytest.raises(options.FlagError) as error:
         planning.check_cluster_flags(flags, cluster)
     assert str(error.value).startswith(
-        "--variable_update=replicated: replicated is for the towers of one machine"
+        "--variable_update=replicated all-reduces across the workers, and the cluster "
+        "has 1 ps task(s). Fix: drop --ps_hosts"
     )
 
 
@@ -196,7 +198,7 @@ def test_eval_and_export_restore_the_replicated_checkpoint(replicated_run):
 # --- the scripts' one-line errors (slow: a fresh process each) -----------------------------
 
 _CLUSTER = ["--ps_hosts=127.0.0.1:2222", "--worker_hosts=127.0.0.1:2223,127.0.0.1:2224"]
-_ONE_MACHINE = "replicated is for the towers of one machine"
+_NO_PS = "all-reduces across the workers"
 
 
 @pytest.mark.slow  # the train script in a fresh process, once per case
@@ -211,7 +213,7 @@ _ONE_MACHINE = "replicated is for the towers of one machine"
             ["--variable_update=allreduce"],
             "error: --variable_update=allreduce: update='allreduce' is not a variable update",
         ),
-        (["--variable_update=replicated", "--job_name=ps"] + _CLUSTER, _ONE_MACHINE),
+        (["--variable_update=replicated", "--job_name=ps"] + _CLUSTER, _NO_PS),
     ],
 )
 def test_train_script_refuses_in_one_line(tmp_path, args, expected):
@@ -237,5 +239,5 @@ def test_distributed_example_refuses_replicated_in_one_line(tmp_path, job_name):
     )
     assert completed.returncode == 2, completed.stderr[-3000:]
     errors = [line for line in completed.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and _ONE_MACHINE in errors[0], completed.stderr[-3000:]
+    assert len(errors) == 1 and _NO_PS in errors[0], completed.stderr[-3000:]
     assert "Traceback" not in completed.stderr
