@@ -26,6 +26,14 @@ This module is the command line only; the work is done by
   traffic_tables.py     the two Markdown tables
 
 Method and findings: BENCHMARKS.md, "Traffic per step, counted from the graph".
+
+Across machines (issue 20): with --machines, each machine count W is built
+as one worker of W machines x --devices GPUs, all-reduce and parameter
+server, and the bytes each machine's link carries per step are reported
+(bench/traffic_machines.py, bench/traffic_machines_report.py):
+
+    python -m bench.traffic --machines=2,4,8 --devices=8 \
+        --output=docs/traffic_across_machines.md
 """
 
 import os
@@ -51,6 +59,16 @@ def _define_flags():
                          "(only the input batch's bytes depend on it).")
     flags.DEFINE_string("bn_mode", "first_tower", "Batch-norm mode of the builds.")
     flags.DEFINE_bool("details", False, "Also list each row's cross-device edges by size.")
+    flags.DEFINE_list("machines", [], "Machine counts W: report the traffic per machine "
+                      "link of W machines x --devices GPUs instead (--models defaults to "
+                      "resnet50_sized there).")
+    flags.DEFINE_integer("devices", 8, "With --machines: GPUs (towers) per machine.")
+    flags.DEFINE_integer("ps_tasks", 0, "With --machines: ps tasks P (0: P = W).")
+    flags.DEFINE_list("link_gbits", ["25", "100"],
+                      "With --machines: machine link speeds in Gb/s.")
+    flags.DEFINE_integer("batch_per_tower", 32, "With --machines: images per GPU.")
+    flags.DEFINE_string("output", "", "With --machines: write the page here "
+                        "(e.g. docs/traffic_across_machines.md); default: print it.")
     return flags.FLAGS
 
 
@@ -74,9 +92,38 @@ def _count_rows(flags_values):
     return rows
 
 
+def _machines_report(flags_values):
+    """The page of traffic per machine link (--machines), printed or written to --output."""
+    from bench import traffic_machines_report as report
+    models = flags_values.models if FLAGS["models"].present else ["resnet50_sized"]
+    machines = [int(w) for w in flags_values.machines]
+    bandwidths = [float(w) for w in flags_values.link_gbits]
+    command = (f"python -m bench.traffic --machines={','.join(map(str, machines))} "
+               f"--devices={flags_values.devices} --models={','.join(models)} "
+               f"--link_gbits={','.join(flags_values.link_gbits)}")
+    for name in ("ps_tasks", "batch_per_tower", "bn_mode"):
+        if FLAGS[name].present:
+            command += f" --{name}={getattr(flags_values, name)}"
+    if flags_values.output:
+        command += f" \\\n    --output={flags_values.output}"
+    rows = report.count_rows(models, machines, flags_values.devices, flags_values.ps_tasks,
+                             flags_values.batch_per_tower, flags_values.bn_mode)
+    page = report.report_page(rows, bandwidths, command, flags_values.batch_per_tower,
+                              flags_values.bn_mode)
+    if flags_values.output:
+        with open(flags_values.output, "w") as f:
+            f.write(page)
+        print(f"wrote {flags_values.output}", file=sys.stderr)
+    else:
+        print(page)
+
+
 def main(argv):
     del argv
     flags_values = FLAGS  # defined by _define_flags when run as a script
+    if flags_values.machines:
+        _machines_report(flags_values)
+        return
     rows = _count_rows(flags_values)
     print(f"Global batch {flags_values.global_batch} of 32x32x3 float32 images made on "
           f"the host CPU, Momentum, bn_mode={flags_values.bn_mode}; towers on GPU device "
