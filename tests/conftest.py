@@ -1,9 +1,12 @@
-"""Fixtures shared by the test modules: the processes a test starts, always stopped.
+"""Fixtures shared by the test modules: the processes a test starts, always stopped;
+and the order in which pytest-xdist's workers get the tests (the longest first).
 
 Here rather than in the repository's conftest.py, which sets up what every
 run needs (quiet TensorFlow, the repository importable): these fixtures are
 for tests only, next to tests/helpers.py, and load only when tests are collected.
 """
+
+import os
 
 import pytest
 
@@ -36,3 +39,97 @@ def processes(tmp_path, request):
         yield group
     finally:
         group.close()
+
+
+# --- the order of the tests, for pytest-xdist's worksteal scheduler ---------------------------
+#
+# worksteal hands worker k the k-th contiguous slice of the collected tests (equal counts)
+# and later moves tests from the back of a busy worker's queue to an idle one. In the
+# collected (alphabetical) order one slice held most of the long tests, which then ran one
+# after another at the end of the run while the other core was idle. So each slice is made
+# to hold about the same seconds of tests, with its longest modules first: what is stolen
+# at the end is short. A module stays in one piece (its module-scoped fixtures, such as a
+# trained run folder, are built once). Seconds of each long module (setup + call, summed),
+# measured on a 2-core CPU with the other core busy too; a module not listed counts
+# SLOW_TEST_SECS per test marked slow and FAST_TEST_SECS per other test.
+MODULE_SECS = {
+    "tests/examples/test_cifar10_precision.py": 230,
+    "tests/examples/test_cifar10_scripts.py": 162,
+    "tests/examples/test_cifar10_train.py": 147,
+    "tests/examples/test_cifar10_exact_runs.py": 120,
+    "tests/cluster/test_distributed_ps_faults.py": 90,
+    "tests/cluster/test_distributed_training.py": 83,
+    "tests/examples/test_cifar10_eval_towers.py": 65,
+    "tests/bench/test_bench_smoke.py": 61,
+    "tests/run/test_faults_kill.py": 60,
+    "tests/examples/test_cifar10_run_folder.py": 59,
+    "tests/examples/test_cifar10_replicated.py": 57,
+    "tests/update/test_replicated.py": 48,
+    "tests/step/test_accumulation.py": 46,
+    "tests/examples/test_cifar10_distributed.py": 39,
+    "tests/batchnorm/test_sync_batch_norm.py": 39,
+    "tests/bench/test_bench_variable_update.py": 34,
+    "tests/bench/test_bench_precision_memory.py": 33,
+    "tests/bench/test_bench_trace.py": 25,
+    "tests/bench/test_bench_build.py": 23,
+    "tests/step/test_equivalence.py": 19,
+    "tests/batchnorm/test_tf1_batch_norm.py": 19,
+    "tests/exchange/test_collective.py": 17,
+    "tests/examples/test_porting_doc.py": 15,
+    "tests/step/test_structure.py": 14,
+    "tests/precision/test_mixed_precision_training.py": 13,
+    "tests/examples/test_cifar10_config.py": 12,
+    "tests/bench/test_traffic.py": 12,
+    "tests/run/test_faults_signals.py": 10,
+    "tests/checks/test_bad_inputs_table.py": 10,
+    "tests/examples/test_readme.py": 9,
+}
+SLOW_TEST_SECS = 5.0
+FAST_TEST_SECS = 0.25
+
+
+def _module_secs(path, module_items):
+    if path in MODULE_SECS:
+        return MODULE_SECS[path]
+    slow = sum(1 for item in module_items if item.get_closest_marker("slow"))
+    return SLOW_TEST_SECS * slow + FAST_TEST_SECS * (len(module_items) - slow)
+
+
+def balanced_order(modules, workers):
+    """`modules`: [(seconds, [item, ...]), ...] in collection order. Returns the items in
+    `workers` consecutive slices of the sizes worksteal gives its workers at the start,
+    each with about the same seconds and its longest modules first."""
+    total = sum(len(items) for _, items in modules)
+    sizes = []
+    for k in range(workers):  # xdist's first split: len(pending) // workers_remaining
+        sizes.append((total - sum(sizes)) // (workers - k))
+    slices = [dict(secs=0.0, room=size, parts=[]) for size in sizes]
+    # Longest first, each to the slice with the fewest seconds that has room for it whole;
+    # a module too large for every slice's room (short tests only, in practice) is split.
+    for secs, items in sorted(modules, key=lambda module: -module[0]):
+        while items:
+            fits = [s for s in slices if s["room"] >= len(items)]
+            target = min(fits or [s for s in slices if s["room"]], key=lambda s: s["secs"])
+            part, items = items[:target["room"]], items[target["room"]:]
+            share = secs * len(part) / (len(part) + len(items))
+            secs -= share
+            target["parts"].append((share, part))
+            target["secs"] += share
+            target["room"] -= len(part)
+    ordered = []
+    for target in slices:
+        for _, part in sorted(target["parts"], key=lambda p: -p[0]):  # stable: ties keep order
+            ordered.extend(part)
+    return ordered
+
+
+def pytest_collection_modifyitems(config, items):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2 or len(items) < workers:
+        return  # one process runs the tests in the order collected
+    by_module = {}
+    for item in items:
+        by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
+    modules = [(_module_secs(path, module_items), module_items)
+               for path, module_items in by_module.items()]
+    items[:] = balanced_order(modules, workers)
