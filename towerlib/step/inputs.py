@@ -19,7 +19,8 @@ def _batch_dims(flat_inputs):
             raise ValueError(
                 f"Input tensor {tensor.name} is a scalar; every input must have "
                 "a leading batch dimension to split across towers.")
-        dims.append(tensor.shape[0] if tensor.shape.rank is not None else None)
+        dims.append(tf.compat.dimension_value(tensor.shape[0])
+                    if tensor.shape.rank is not None else None)
     return dims
 
 
