@@ -188,7 +188,8 @@ class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         del coord
-        session.run(self._broadcast_op)
+        if self._broadcast_op is not None:  # None: a job of one worker
+            session.run(self._broadcast_op)
 
 
 class _OneSessionOnly(tf.compat.v1.train.SessionCreator):
