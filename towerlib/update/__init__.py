@@ -10,6 +10,7 @@ The package, one job per module:
   replicated.py        Replicated: a copy per tower, gradients all-reduced
   copies.py            the replicated copies: names, getters, slots, sync after restore
   allreduce.py         the gradients' all-reduce: packing, sparse gathers, wire dtype
+  broadcast.py         across workers: every copy set to the chief's values at start
   aggregation.py       summing per-tower gradients on a variable's device
   choose.py            `update=`: an object, or its name for the defaults
 
