@@ -318,15 +318,32 @@ def moving_average_updates(records, bn_mode, reducer=None):
                     _, mean, variance = pooled_statistics(used)
                 first = dataclasses.replace(
                     first, tower_index=-1, count=None, mean=mean, variance=variance)
-            updates.extend(_updates_from(first))
-            # Replicated variables: every tower's own copy takes the same update.
-            updated = {id(first.moving_mean)}
-            for copy in layer_statistics:
-                if id(copy.moving_mean) not in updated:
-                    updated.add(id(copy.moving_mean))
-                    updates.extend(_updates_from(dataclasses.replace(
-                        first, moving_mean=copy.moving_mean,
-                        moving_variance=copy.moving_variance)))
+            # Replicated variables: every tower's copy takes the same change,
+            # computed once from tower 0's copy (the copies are equal).
+            copies, seen = [], set()
+            for copy in [first] + layer_statistics:
+                if id(copy.moving_mean) not in seen:
+                    seen.add(id(copy.moving_mean))
+                    copies.append(copy)
+            updates.extend(_same_update_on_every_copy(first, copies))
+    return updates
+
+
+def _same_update_on_every_copy(statistics, copies):
+    """copy <- copy - (first - value) * (1 - momentum), for every copy alike.
+
+    One subtraction and one product per statistic serve every tower's copy;
+    each copy's assign_sub returns no value (no read op per copy).
+    """
+    updates = []
+    for variable_of, value in ((lambda s: s.moving_mean, statistics.mean),
+                               (lambda s: s.moving_variance, statistics.variance)):
+        first = variable_of(statistics)
+        with tf.device(first.device):
+            change = (first - tf.cast(value, first.dtype)) * (1.0 - statistics.momentum)
+        for copy in copies:
+            with tf.device(variable_of(copy).device):
+                updates.append(variable_of(copy).assign_sub(change, read_value=False))
     return updates
 
 
