@@ -29,17 +29,25 @@ j < B = --global_batch_size, and replica r of R takes its contiguous share
 of those rows, so any cluster layout sees the same global batch per step.
 """
 
+import os
 import sys
 import time
 
-from absl import app
-from absl import flags
-import numpy as np
-import tensorflow as tf
+# TensorFlow's C++ log level, set before TensorFlow loads, as the CIFAR-10 example does
+# (examples/cifar10/quiet_tensorflow.py): 3 without an NVIDIA driver (the failed cuInit
+# every CPU process logs is an error line), else 2 (warnings such as "Local rendezvous is
+# aborting" when a worker ends, and INFO). A level the user set is kept (0 shows all).
+os.environ.setdefault(
+    "TF_CPP_MIN_LOG_LEVEL", "2" if os.path.exists("/proc/driver/nvidia/version") else "3")
 
-import towerlib
-from towerlib import cluster as cluster_lib
-from towerlib import layers
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import towerlib  # noqa: E402
+from towerlib import cluster as cluster_lib  # noqa: E402
+from towerlib import layers  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -150,34 +158,14 @@ def train_one_machine():
 
 
 def train_replica(cluster):
+    """This worker's step, its gradients all-reduced with every worker's
+    (--variable_update=replicated) or averaged through the ps tasks."""
     server = cluster_lib.start_server(cluster, FLAGS.num_towers)
-    if FLAGS.variable_update == "replicated":
-        return train_allreduce_worker(cluster, server)
+    allreduce = FLAGS.variable_update == "replicated"
     with tf.Graph().as_default():
-        placer = cluster_lib.ParameterServerPlacer(cluster)
-        with tf.compat.v1.device(placer):
-            global_step = tf.compat.v1.train.get_or_create_global_step()
-            inputs = replica_batch(global_step, cluster.replica_index,
-                                   cluster.num_replicas)
-        sync_graph = cluster_lib.build_sync_train_graph(
-            model, inputs,
-            tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
-            cluster, num_towers=FLAGS.num_towers, device_type=FLAGS.device_type,
-            bn_mode=FLAGS.bn_mode, device_function=placer, global_step=global_step)
-        return cluster_lib.run_distributed_training(
-            sync_graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
-            hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
-            ps_restart_timeout_secs=FLAGS.ps_restart_timeout_secs,
-            step_deadline_secs=FLAGS.step_deadline_secs,
-            log_every_n_steps=FLAGS.log_every_n_steps,
-            save_checkpoint_steps=FLAGS.save_checkpoint_steps,
-            examples_per_step=FLAGS.global_batch_size)
-
-
-def train_allreduce_worker(cluster, server):
-    """This worker's towers, its own copies, the gradients all-reduced over all workers."""
-    with tf.Graph().as_default():
-        with tf.device(f"{cluster.task_device}/device:CPU:0"):
+        # Through ps tasks new variables go there; all-reducing, each worker keeps its own.
+        placer = None if allreduce else cluster_lib.ParameterServerPlacer(cluster)
+        with tf.compat.v1.device(placer or f"{cluster.task_device}/device:CPU:0"):
             global_step = tf.compat.v1.train.get_or_create_global_step()
             inputs = replica_batch(global_step, cluster.replica_index,
                                    cluster.num_replicas)
@@ -185,10 +173,12 @@ def train_allreduce_worker(cluster, server):
             model, inputs,
             tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
             cluster, num_towers=FLAGS.num_towers, device_type=FLAGS.device_type,
-            bn_mode=FLAGS.bn_mode, global_step=global_step, update=towerlib.Replicated())
+            bn_mode=FLAGS.bn_mode, device_function=placer, global_step=global_step,
+            update=towerlib.Replicated() if allreduce else towerlib.ParameterServer())
         return cluster_lib.run_distributed_training(
             graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
             hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
+            ps_restart_timeout_secs=FLAGS.ps_restart_timeout_secs,
             step_deadline_secs=FLAGS.step_deadline_secs,
             log_every_n_steps=FLAGS.log_every_n_steps,
             save_checkpoint_steps=FLAGS.save_checkpoint_steps,
@@ -240,4 +230,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # TensorFlow's logger prints through its own handler and again through absl's (app.run
+    # puts it on the root logger): every TensorFlow INFO line twice. absl's alone prints
+    # it, in the format of the other lines.
+    for handler in list(tf.get_logger().handlers):
+        tf.get_logger().removeHandler(handler)
     app.run(main)

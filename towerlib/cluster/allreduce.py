@@ -35,13 +35,13 @@ import copy
 import dataclasses
 import logging
 import os
-import time
 from typing import Any, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from towerlib.cluster import placement
+from towerlib.cluster import recovery
 from towerlib.cluster import replica_watch
 from towerlib.cluster.spec import ClusterInfo
 from towerlib.internals import collective_ops
@@ -116,18 +116,15 @@ def worker_train_dir(train_dir, cluster):
 
 def wait_for_workers(cluster, timeout_secs, poll_secs=0.5):
     """Blocks until every other worker accepts connections, else WorkerLostError."""
-    deadline = time.monotonic() + timeout_secs
-    while True:
-        missing = replica_watch.unreachable_workers(cluster)
-        if not missing:
-            return
-        if time.monotonic() > deadline:
-            who = ", ".join(f"{task} ({address})" for task, address in missing.items())
-            raise WorkerLostError(
-                f"Worker {cluster.replica_index}: {who} did not start within "
-                f"{timeout_secs:.0f} s. Fix: start every worker (same --worker_hosts, "
-                "its own --task_index), or raise startup_timeout_secs.")
-        time.sleep(poll_secs)
+    def error(missing):
+        who = ", ".join(f"{task} ({address})" for task, address in missing.items())
+        return WorkerLostError(
+            f"Worker {cluster.replica_index}: {who} did not start within "
+            f"{timeout_secs:.0f} s. Fix: start every worker (same --worker_hosts, "
+            "its own --task_index), or raise startup_timeout_secs.")
+
+    recovery.wait_for_answers(lambda: replica_watch.unreachable_workers(cluster),
+                              timeout_secs, error, poll_secs)
 
 
 def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):

@@ -74,6 +74,22 @@ def unreachable_ps_tasks(cluster, connect_timeout_secs=0.5):
             if not accepts_connections(address, connect_timeout_secs)}
 
 
+def wait_for_answers(unreachable, timeout_secs, error, poll_secs=0.5):
+    """Polls `unreachable()` ({task: address}) until it is empty.
+
+    Raises:
+      error(what is still unreachable) once timeout_secs have passed.
+    """
+    deadline = time.monotonic() + timeout_secs
+    while True:
+        silent = unreachable()
+        if not silent:
+            return
+        if time.monotonic() > deadline:
+            raise error(silent)
+        time.sleep(poll_secs)
+
+
 def wait_for_ps_to_answer(cluster, timeout_secs, poll_secs=0.5):
     """Blocks until every ps task accepts connections.
 
@@ -83,14 +99,11 @@ def wait_for_ps_to_answer(cluster, timeout_secs, poll_secs=0.5):
     Raises:
       PsUnavailableError: naming the tasks still silent after timeout_secs.
     """
-    deadline = time.monotonic() + timeout_secs
-    while True:
-        unreachable = unreachable_ps_tasks(cluster, max(poll_secs, 0.1))
-        if not unreachable:
-            return {}
-        if time.monotonic() > deadline:
-            raise PsUnavailableError(unreachable, timeout_secs, cluster.replica_index)
-        time.sleep(poll_secs)
+    wait_for_answers(
+        lambda: unreachable_ps_tasks(cluster, max(poll_secs, 0.1)), timeout_secs,
+        lambda silent: PsUnavailableError(silent, timeout_secs, cluster.replica_index),
+        poll_secs)
+    return {}
 
 
 def close_within(close_session, timeout_secs=SESSION_CLOSE_TIMEOUT_SECS):

@@ -41,17 +41,15 @@ def wait_for_ps_tasks(cluster, timeout_secs=600.0, poll_secs=0.5):
     Raises:
       TimeoutError: naming the ps tasks still unreachable after timeout_secs.
     """
-    deadline = time.time() + timeout_secs
-    while True:
-        waiting = recovery.unreachable_ps_tasks(cluster, max(poll_secs, 0.1))
-        if not waiting:
-            return
-        if time.time() > deadline:
-            described = ", ".join(f"ps task {i} at {a}" for i, a in waiting.items())
-            raise TimeoutError(
-                f"{described} did not answer within {timeout_secs:.0f} s. Start "
-                "it (--job_name=ps), or fix the ps addresses (--ps_hosts / TF_CONFIG).")
-        time.sleep(poll_secs)
+    def error(waiting):
+        described = ", ".join(f"ps task {i} at {a}" for i, a in waiting.items())
+        return TimeoutError(
+            f"{described} did not answer within {timeout_secs:.0f} s. Start "
+            "it (--job_name=ps), or fix the ps addresses (--ps_hosts / TF_CONFIG).")
+
+    recovery.wait_for_answers(
+        lambda: recovery.unreachable_ps_tasks(cluster, max(poll_secs, 0.1)),
+        timeout_secs, error, poll_secs)
 
 
 class ControlSession:

@@ -217,6 +217,11 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             "build_sync_train_graph runs on a training task (worker or chief); a ps "
             "task only serves variables (run_parameter_server).")
     update = resolve_update("parameter_server" if update is None else update)
+    if update.exchanges_gradients and device_function is not None:
+        raise ValueError(
+            "device_function places variables on ps tasks, and update="
+            f"{update!r} keeps a copy of each on every worker. Fix: drop device_function "
+            "(build the inputs under tf.device(cluster.task_device)).")
     if update.exchanges_gradients:
         return allreduce.build_allreduce_train_graph(
             tower_fn, inputs, optimizer, cluster, num_towers=num_towers,
