@@ -2,8 +2,8 @@
 
 Each tower differentiates its loss already weighted by its share of the global
 batch, so the aggregate is a plain sum, computed on the variable's own device,
-or on tower 0's device when the variable lives on another task (a parameter
-server): no gradient travels further than it has to. Dense gradients are added;
+or, when the variable lives on another task (a parameter server), first on the
+towers' task: no gradient travels further than it has to. Dense gradients are added;
 `IndexedSlices` (embedding lookups, gathers) are concatenated and stay sparse,
 so a large embedding table never gets a dense gradient.
 """
@@ -45,19 +45,33 @@ def sum_gradients(gradients):
     return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
 
 
-def _aggregation_device(variable, gradients):
-    """Where one variable's tower gradients are summed.
+def _task(device):
+    spec = tf.DeviceSpec.from_string(device or "")
+    return (spec.job, spec.task) if spec.job else None
+
+
+def _sum_near_the_towers(variable, gradients):
+    """One variable's tower gradients summed where the fewest bytes travel.
 
     On the variable's device, unless the variable lives on another task than
-    the towers (a parameter server): then on tower 0's device, so that one
-    summed gradient per variable leaves the machine, not one per tower.
+    the towers (a parameter server): then the gradients on the towers' task
+    are summed there first, so one sum per variable leaves the machine, not
+    one per tower. A gradient already on the variable's task (tower 0's, when
+    the weight decay term lives next to the variable) joins the sum there.
     """
-    var_spec = tf.DeviceSpec.from_string(variable.device or "")
-    grad_spec = tf.DeviceSpec.from_string(gradients[0].device or "")
-    if (var_spec.job and grad_spec.job
-            and (var_spec.job, var_spec.task) != (grad_spec.job, grad_spec.task)):
-        return gradients[0].device
-    return variable.device
+    variable_task = _task(variable.device)
+    local = [g for g in gradients
+             if variable_task is not None and _task(g.device) not in (None, variable_task)]
+    if not local:
+        with tf.device(variable.device):
+            return sum_gradients(gradients)
+    with tf.device(local[0].device):
+        partial = sum_gradients(local)
+    remote = [g for g in gradients if not any(g is l for l in local)]
+    if not remote:
+        return partial
+    with tf.device(variable.device):
+        return sum_gradients([partial] + remote)
 
 
 def aggregate_gradients(tower_grads_and_vars):
@@ -96,6 +110,5 @@ def aggregate_gradients(tower_grads_and_vars):
                     "Variable %s has no gradient in any tower; it is left out of "
                     "the update. Check that it feeds the loss.", var.name)
                 continue
-            with tf.device(_aggregation_device(var, grads)):
-                aggregated.append((sum_gradients(grads), var))
+            aggregated.append((_sum_near_the_towers(var, grads), var))
     return aggregated
