@@ -255,20 +255,20 @@ def explanation(rows: List[MachineRow], bandwidths_gbits: Sequence[float]) -> Li
         f"per step.** Each of a worker's {towers} towers reads every variable from its ps "
         "task over the network (TensorFlow sends a tensor once per destination device, so "
         "even merged reads would reach each GPU separately)"
-        + (", and each tower's gradient of a weight-decayed variable goes up on its own: "
-           "tower 0's gradient of such a variable is summed with the decay term's on the ps "
-           "task, so towerlib sums the towers' gradients there (towerlib/update/"
-           "aggregation.py, `_aggregation_device`) instead of once on the worker"
+        + (", and up go the sum of the other towers' gradients (summed on the worker, "
+           "towerlib/update/aggregation.py) and tower 0's gradient of each weight-decayed "
+           "variable, which meets the decay term's on the ps task (TensorFlow colocates "
+           "the regularizer with the variable)"
            if up_ratio > 1.5 else ", and pushes one summed gradient per variable")
         + f". The ps tasks' links carry as much in all. Floor over the all-reduce's: "
         f"{ratios(tm.PS_SEPARATE)} at W = {ws} with ps machines of their own, "
         f"{ratios(tm.PS_COLOCATED)} with ps task p on worker machine p.",
         "- **Fixable in towerlib, and then the parameter server's bytes drop below the "
         "ring's**: reading each variable once per worker (a caching device on the worker, "
-        "fanned out to the GPUs over PCIe) and summing the towers' gradients on the worker "
-        "before adding the decay term on the ps would make it S up and S down per worker "
-        "link (0.5x the ring's 2 S), on P = W extra machines; with ps tasks on the worker "
-        "machines 2 (W - 1) / W x S each way, what the hierarchical row shows.",
+        "fanned out to the GPUs over PCIe) and computing the decay term's gradient on the "
+        "worker would make it S up and S down per worker link (0.5x the ring's 2 S), on "
+        "P = W extra machines; with ps tasks on the worker machines 2 (W - 1) / W x S each "
+        "way, what the hierarchical row shows.",
         "- **The hierarchical row is not built by towerlib**: a two-level all-reduce "
         "(reduce-scatter in the machine, N rings of W across machines, all-gather) moves "
         f"2 (W - 1) / W x S ({', '.join(f'{link_mb(w, tm.HIERARCHICAL):.0f}' for w in workers)}"
