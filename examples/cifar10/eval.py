@@ -17,17 +17,23 @@ A run folder that cannot be written (read-only, another user's) is evaluated all
 same: without --eval_dir the summary is not written, and the log says so.
 """
 
-import dataclasses
-import logging
-import os
-import time
-from typing import Callable, List, Optional
+from examples.cifar10 import command_line, options
 
-import tensorflow as tf
+SCRIPT_FLAGS = options.EVAL_FLAGS
+# --help answers here, from the flag tables, before TensorFlow loads (seconds).
+command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS)
 
-import towerlib
-from examples.cifar10 import data, data_source, input_pipeline, models, options
-from examples.cifar10 import run_folder, script_runner
+import dataclasses  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, List, Optional  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+import towerlib  # noqa: E402
+from examples.cifar10 import data, data_source, input_pipeline, models  # noqa: E402
+from examples.cifar10 import run_folder, script_runner  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 
@@ -319,5 +325,5 @@ def main():
 
 
 if __name__ == "__main__":
-    options.define(options.EVAL_FLAGS)
+    command_line.define_script_flags(SCRIPT_FLAGS)
     script_runner.start(main)

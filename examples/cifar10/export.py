@@ -19,18 +19,24 @@ files (an earlier export of that step); a folder with anything else in it is ref
 (--overwrite replaces it anyway), so that no file this script did not write is deleted.
 """
 
-import fnmatch
-import logging
-import os
-import shutil
-import tempfile
-from typing import List, Optional
+from examples.cifar10 import command_line, options
 
-import tensorflow as tf
+SCRIPT_FLAGS = options.EXPORT_FLAGS
+# --help answers here, from the flag tables, before TensorFlow loads (seconds).
+command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS)
 
-import towerlib
-from examples.cifar10 import data, eval as eval_lib, input_pipeline, models, options
-from examples.cifar10 import run_folder, script_runner
+import fnmatch  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from typing import List, Optional  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+import towerlib  # noqa: E402
+from examples.cifar10 import data, eval as eval_lib, input_pipeline, models  # noqa: E402
+from examples.cifar10 import run_folder, script_runner  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 
@@ -173,5 +179,5 @@ def main():
 
 
 if __name__ == "__main__":
-    options.define(options.EXPORT_FLAGS)
+    command_line.define_script_flags(SCRIPT_FLAGS)
     script_runner.start(main)

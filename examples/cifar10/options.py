@@ -6,6 +6,9 @@ defaults; train.py resolves the rest from the run recorded in --train_dir (run_f
 Values are checked where they are used: towerlib's options by towerlib.validate_config
 (train.check_flags), the example's own (--model, the schedule, the data) here; either way
 the script stops with one line naming the flag and the fix (FlagError).
+
+This module does not import TensorFlow (nor towerlib, which does): a script answers --help
+from these tables before TensorFlow loads (command_line.answer_help_before_tensorflow).
 """
 
 import contextlib
@@ -14,8 +17,10 @@ import types
 
 from absl import flags
 
-import towerlib
-from examples.cifar10 import default_dirs, download, input_pipeline, schedule
+from examples.cifar10 import default_dirs, download
+
+# towerlib.Replicated().pack_bytes, without importing towerlib (a test compares them).
+REPLICATED_PACK_BYTES = 4 << 20
 
 FLAGS = flags.FLAGS
 
@@ -82,7 +87,7 @@ TRAIN_FLAGS = (
      "one machine only)."),
     (flags.DEFINE_string, "param_device", "",
      "With parameter_server: cpu or gpu (ParameterServer(device=...)). Empty: cpu."),
-    (flags.DEFINE_integer, "gradient_pack_bytes", towerlib.Replicated().pack_bytes,
+    (flags.DEFINE_integer, "gradient_pack_bytes", REPLICATED_PACK_BYTES,
      "With replicated: all-reduce buffer size in bytes (Replicated(pack_bytes=...); "
      "0: one all-reduce per gradient)."),
     (flags.DEFINE_string, "compute_dtype", "float32",
@@ -234,6 +239,7 @@ def refuse_unused_strategy_flags(flags_):
 def check_own_flags(flags_, make_model):
     """The example's own flags, which are no towerlib option: the model, the augmentation,
     the optimizer, the schedule, the data. Returns the model; raises FlagError."""
+    from examples.cifar10 import input_pipeline, schedule  # TensorFlow's modules
     try:
         model = make_model(flags_.model, flags_.weight_decay, flags_.bn_momentum)
     except ValueError as error:
@@ -266,6 +272,8 @@ def namespace(values: dict) -> types.SimpleNamespace:
 
 def cluster_from_flags():
     """The cluster the cluster flags (or TF_CONFIG) describe; None on one machine."""
+    import towerlib  # not at the top: --help answers before TensorFlow loads
+
     try:
         return towerlib.cluster.resolve_cluster(
             FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)

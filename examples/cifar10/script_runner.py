@@ -7,16 +7,17 @@ cannot be written) ends the script with one line on stderr and exit status 2, no
 traceback or absl's usage text.
 """
 
+import contextlib
 import logging
 import re
-import sys
 from typing import Callable
 
 import tensorflow as tf
-from absl import app, flags
+from absl import app
 
 import towerlib
 from examples.cifar10 import data, download, options, run_errors
+from examples.cifar10.command_line import fail, parse_flags
 
 # The errors a user can fix from the command line; the scripts print them without a trace.
 USER_ERRORS = (
@@ -29,28 +30,34 @@ USER_ERRORS = (
     towerlib.cluster.ReplicaLostError,  # a lost worker: restart every worker
     towerlib.cluster.PsUnavailableError,
 )
-USAGE_STATUS = 2
+
+# TensorFlow's deprecation warnings for the calls the example makes on purpose, through
+# towerlib's data position (make_saveable_from_iterator: the TF 1 Saver's way to save an
+# iterator, which towerlib's checkpoints use) and the TF 1 SavedModel builder
+# (build_tensor_info). Those two, and no other warning, are dropped.
+KNOWN_DEPRECATIONS = ("make_saveable_from_iterator", "build_tensor_info")
+_DEPRECATION = re.compile(r"^From .*: (%s) \(from tensorflow\.[\w.]+\) is deprecated"
+                         % "|".join(KNOWN_DEPRECATIONS))
 
 
-def fail(message: str, status: int = USAGE_STATUS):
-    """Ends the script with one line on stderr."""
-    sys.stderr.write("error: %s\n" % " ".join(str(message).split()))
-    sys.stderr.flush()
-    sys.exit(status)
+class KnownDeprecationFilter(logging.Filter):
+    """Drops TensorFlow's deprecation warning for KNOWN_DEPRECATIONS' calls only."""
+
+    def filter(self, record):
+        return not (record.levelno == logging.WARNING
+                    and _DEPRECATION.match(record.getMessage()))
 
 
-def parse_flags(argv):
-    """absl's flags parser, but a bad flag or an argument that is no flag is one line and
-    exit status 2 (absl prints its usage and exits with 1)."""
+@contextlib.contextmanager
+def known_deprecations_silenced(logger=None):
+    """While inside: the tf logger drops KNOWN_DEPRECATIONS' warnings (only those)."""
+    logger = logger or tf.get_logger()
+    known = KnownDeprecationFilter()
+    logger.addFilter(known)
     try:
-        rest = flags.FLAGS(argv)
-    except flags.Error as error:
-        text = re.sub(r"\s+\?$", "?", str(error).strip())
-        fail("%s%s See --helpshort for the flags." % (text, "" if text[-1:] in ".?" else "."))
-    if len(rest) > 1:
-        fail("unexpected arguments %s: every setting is a --flag (see --helpshort)."
-             % " ".join(rest[1:]))
-    return rest
+        yield
+    finally:
+        logger.removeFilter(known)
 
 
 def configure_logging():
@@ -67,7 +74,8 @@ def run(body: Callable[[], object]) -> None:
     task that timed out waiting for the others, exit status 1."""
     configure_logging()
     try:
-        body()
+        with known_deprecations_silenced():
+            body()
     except USER_ERRORS as error:
         fail(error)
     except TimeoutError as error:

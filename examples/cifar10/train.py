@@ -10,15 +10,21 @@ towerlib names only; the other modules here are a real job's machinery (flags, d
 run folder, errors: docs/cifar10.md). A rerun resumes, taking flags not given from the run.
 """
 
-import logging
-import time
+from examples.cifar10 import command_line, options
 
-import tensorflow as tf
+SCRIPT_FLAGS = options.TRAIN_FLAGS + options.CLUSTER_FLAGS
+# --help answers here, from the flag tables, before TensorFlow loads (seconds).
+command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS)
 
-import towerlib
-from towerlib import layers
-from examples.cifar10 import input_pipeline, options, planning, run_errors, run_folder
-from examples.cifar10 import script_runner
+import logging  # noqa: E402
+import time  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+import towerlib  # noqa: E402
+from towerlib import layers  # noqa: E402
+from examples.cifar10 import input_pipeline, planning, run_errors, run_folder  # noqa: E402
+from examples.cifar10 import script_runner  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 
@@ -256,5 +262,5 @@ def main():
 
 
 if __name__ == "__main__":
-    options.define(options.TRAIN_FLAGS + options.CLUSTER_FLAGS)
+    command_line.define_script_flags(SCRIPT_FLAGS)
     script_runner.start(main)
