@@ -251,13 +251,19 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
         sync_optimizer = SyncReplicasTowerOptimizer(
             optimizer, cluster.num_replicas, cluster.is_chief, variable_averages=ema)
         # The chief applies the moving average itself (variable_averages): the
-        # step builds none, and reports the optimizer's.
-        train_graph = build_train_graph(
-            tower_fn, inputs, sync_optimizer, devices=devices, bn_mode=bn_mode,
-            update=ParameterServer(device=placer), precision=precision, exchange=exchange,
-            accumulation_steps=accumulation_steps, global_step=global_step,
-            learning_rate=learning_rate, var_list=var_list, summaries=summaries,
-            check_isolation=check_isolation)
+        # step builds none, and reports the optimizer's. Each variable is read
+        # from its ps once per step and worker, on the worker's CPU, and handed
+        # to every tower from there (not once per tower over the network).
+        reads_cached = tf.compat.v1.variable_scope(
+            tf.compat.v1.get_variable_scope(),
+            caching_device=f"{cluster.task_device}/device:CPU:0")
+        with reads_cached:
+            train_graph = build_train_graph(
+                tower_fn, inputs, sync_optimizer, devices=devices, bn_mode=bn_mode,
+                update=ParameterServer(device=placer), precision=precision, exchange=exchange,
+                accumulation_steps=accumulation_steps, global_step=global_step,
+                learning_rate=learning_rate, var_list=var_list, summaries=summaries,
+                check_isolation=check_isolation)
     return SyncTrainGraph(
         train_graph=train_graph, optimizer=sync_optimizer,
         hooks=(sync_optimizer.make_session_run_hook(),), cluster=cluster,
