@@ -252,23 +252,19 @@ def explanation(rows: List[MachineRow], bandwidths_gbits: Sequence[float]) -> Li
         f"batch-norm statistics the step all-reduces): a floor of {', '.join(f'{floor(w, tm.ALL_REDUCE):.0f}' for w in workers)}"
         f" ms at {slow:g} Gb/s.",
         f"- **Parameter server: {down_ratio:.1f} x S down and {up_ratio:.1f} x S up per worker "
-        f"per step.** Each of a worker's {towers} towers reads every variable from its ps "
-        "task over the network (TensorFlow sends a tensor once per destination device, so "
-        "even merged reads would reach each GPU separately)"
-        + (", and up go the sum of the other towers' gradients (summed on the worker, "
-           "towerlib/update/aggregation.py) and tower 0's gradient of each weight-decayed "
-           "variable, which meets the decay term's on the ps task (TensorFlow colocates "
-           "the regularizer with the variable)"
-           if up_ratio > 1.5 else ", and pushes one summed gradient per variable")
+        f"per step.** Each variable is read once per worker (on the worker's CPU, a caching "
+        f"device, then handed to its {towers} towers) and the towers' gradients go up as one "
+        "sum per variable (towerlib/update/aggregation.py)"
+        + (": the rest is weight decay, whose term TensorFlow computes on the ps task next "
+           "to the variable, so each decayed weight's value goes up and the term's gradient "
+           "comes down" if up_ratio > 1.5 else "")
         + f". The ps tasks' links carry as much in all. Floor over the all-reduce's: "
         f"{ratios(tm.PS_SEPARATE)} at W = {ws} with ps machines of their own, "
         f"{ratios(tm.PS_COLOCATED)} with ps task p on worker machine p.",
         "- **Fixable in towerlib, and then the parameter server's bytes drop below the "
-        "ring's**: reading each variable once per worker (a caching device on the worker, "
-        "fanned out to the GPUs over PCIe) and computing the decay term's gradient on the "
-        "worker would make it S up and S down per worker link (0.5x the ring's 2 S), on "
-        "P = W extra machines; with ps tasks on the worker machines 2 (W - 1) / W x S each "
-        "way, what the hierarchical row shows.",
+        "ring's**: computing the decay term on the worker would make it S up and S down per "
+        "worker link (0.5x the ring's 2 S), on P = W extra machines; with ps tasks on the "
+        "worker machines 2 (W - 1) / W x S each way, what the hierarchical row shows.",
         "- **The hierarchical row is not built by towerlib**: a two-level all-reduce "
         "(reduce-scatter in the machine, N rings of W across machines, all-gather) moves "
         f"2 (W - 1) / W x S ({', '.join(f'{link_mb(w, tm.HIERARCHICAL):.0f}' for w in workers)}"
