@@ -7,7 +7,7 @@ broadcast sets every copy of every variable, on every worker, to the chief's
 tower 0 value, through the build's exchange: each member contributes the
 value (the chief's tower 0) or zeros (every other member), and the sum is
 the chief's value exactly, for every dtype the collectives add. Booleans
-cross as int32.
+and small integers cross as int64 (exact).
 
     broadcast = broadcast_from_chief(reducer, global_variables, copies)
     session.run(broadcast)   # after initializing or restoring, before step 1
@@ -22,7 +22,9 @@ import tensorflow as tf
 
 __all__ = ["broadcast_from_chief"]
 
-_SENT_AS = {tf.bool: tf.int32}
+# Integers cross as int64: a collective on GPUs keeps int32 in host memory.
+_SENT_AS = {tf.bool: tf.int64, tf.int32: tf.int64, tf.int16: tf.int64, tf.int8: tf.int64,
+            tf.uint8: tf.int64}
 
 
 def broadcast_from_chief(reducer, variables, copies):
