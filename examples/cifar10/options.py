@@ -83,8 +83,9 @@ TRAIN_FLAGS = (
      "Decay of the batch-norm moving statistics that eval and export use (0.9: after 30 "
      "steps 96% of them come from the data)."),
     (flags.DEFINE_string, "variable_update", "parameter_server",
-     "parameter_server (towerlib.ParameterServer) or replicated (towerlib.Replicated; "
-     "one machine only)."),
+     "parameter_server (towerlib.ParameterServer; on a cluster, through its ps tasks) or "
+     "replicated (towerlib.Replicated; on a cluster without ps tasks, all-reduced across "
+     "every worker's towers)."),
     (flags.DEFINE_string, "param_device", "",
      "With parameter_server: cpu or gpu (ParameterServer(device=...)). Empty: cpu."),
     (flags.DEFINE_integer, "gradient_pack_bytes", REPLICATED_PACK_BYTES,
