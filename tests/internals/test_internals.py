@@ -159,3 +159,20 @@ def test_assert_message_format():
         _broken("the '[item] [item]' format of a failed tf.debugging.Assert's data",
                 "error_texts", raised.value.message)
     assert not error_texts.names_assert(raised.value, "towerlib check 8:")
+
+
+def test_deprecation_warnings_can_be_silenced_for_one_call(caplog):
+    """towerlib.internals.deprecations: TensorFlow's silence() still exists and works."""
+    from tensorflow.python.util import deprecation  # pylint: disable=import-outside-toplevel
+    from towerlib.internals import deprecations  # pylint: disable=import-outside-toplevel
+
+    old_api = deprecation.deprecated(None, "Use something else.")(lambda: 1)
+    try:
+        with deprecations.silenced(), caplog.at_level("WARNING"):
+            old_api()
+    except AttributeError as error:
+        _broken("tensorflow.python.util.deprecation.silence", "deprecations", error)
+    assert "deprecated" not in caplog.text
+    with caplog.at_level("WARNING"):
+        old_api()  # the first unsilenced call warns: the test above could fail
+    assert "deprecated" in caplog.text

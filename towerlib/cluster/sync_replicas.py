@@ -38,6 +38,7 @@ from towerlib.update.parameter_server import ParameterServer
 from towerlib.cluster import allreduce
 from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo
+from towerlib.internals import deprecations
 from towerlib.internals import sync_replicas as sync_internals
 
 
@@ -65,10 +66,11 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
     """
 
     def __init__(self, optimizer, num_replicas, is_chief, variable_averages=None):
-        super().__init__(optimizer, replicas_to_aggregate=num_replicas,
-                         total_num_replicas=num_replicas,
-                         variable_averages=variable_averages,
-                         variables_to_average=[] if variable_averages else None)
+        with deprecations.silenced():  # TF's own synchronous replicas, chosen on purpose
+            super().__init__(optimizer, replicas_to_aggregate=num_replicas,
+                             total_num_replicas=num_replicas,
+                             variable_averages=variable_averages,
+                             variables_to_average=[] if variable_averages else None)
         self.num_replicas = num_replicas
         self.is_chief = is_chief
         self.variable_averages = variable_averages
@@ -83,7 +85,9 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
             sync_internals.set_variables_to_average(
                 self, [v for g, v in grads_and_vars if g is not None])
         with tf.control_dependencies(None):
-            self.replica_step_op = super().apply_gradients(grads_and_vars, global_step, name)
+            with deprecations.silenced():  # its QueueRunner
+                self.replica_step_op = super().apply_gradients(
+                    grads_and_vars, global_step, name)
             self.aggregation_op = sync_internals.chief_aggregation_op(self)
         # Run by SyncReplicasInitHook; marked so graphs built but never run stay quiet.
         sync_internals.mark_ready_for_local_init_op_used(self)

@@ -29,6 +29,8 @@ whole cache: prefer reading the files again).
 
 import tensorflow as tf
 
+from towerlib.internals import deprecations
+
 __all__ = ["DataPositionError", "check_saveable_pipeline", "saved_position_iterator"]
 
 # tf.raw_ops.DatasetToGraphV2's external_state_policy: raise on external state.
@@ -101,6 +103,7 @@ def saved_position_iterator(dataset, check=True):
     if check:
         check_saveable_pipeline(dataset)
     iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-    saveable = tf.data.experimental.make_saveable_from_iterator(iterator)
+    with deprecations.silenced():  # the only graph-mode way to save the position
+        saveable = tf.data.experimental.make_saveable_from_iterator(iterator)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return iterator
