@@ -156,6 +156,18 @@ def run(args: dict, defaults: dict = None) -> dict:
     }
 
 
+def folder_megabytes(path: str) -> float:
+    """What `path` holds on disk, in MB (its files, recursively)."""
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(folder, name))
+            except OSError:
+                pass  # removed while walking
+    return total / 1e6
+
+
 def main():
     refuse_cluster(os.environ.get("TF_CONFIG", ""))
     figures = run(options.given(), options.defaults())
@@ -175,6 +187,10 @@ def main():
         "(process start included)" % (
             seconds["train"], seconds["eval"], seconds["export"], seconds["check"],
             time.time() - _PROCESS_START),
+        "  run folder %s: %.0f MB (checkpoints, data, export; TensorBoard: tensorboard "
+        "--logdir %s); remove it with rm -r %s" % (
+            figures["train_dir"], folder_megabytes(figures["train_dir"]),
+            figures["train_dir"], figures["train_dir"]),
     ]))
     sys.stdout.flush()
 

@@ -7,6 +7,7 @@ and the distributed example's doubled INFO lines and C++ log."""
 import importlib
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -251,6 +252,10 @@ def test_the_main_job_prints_no_noise(tmp_path, tiny_data):
                      "Exported global step 4"):
         assert expected in completed.stderr, completed.stderr[-3000:]
     assert "when loaded back" in completed.stdout
+    # Where the run's files are, what they weigh and how to look at them or remove them.
+    run = str(tmp_path / "run")
+    assert re.search(r"run folder %s: \d+ MB .*tensorboard --logdir %s.*rm -r %s" % (
+        re.escape(run), re.escape(run), re.escape(run)), completed.stdout), completed.stdout
     assert all(line.startswith(("20", "  ", "CIFAR-10 example")) or not line
                for line in (completed.stderr + completed.stdout).splitlines()), (
         completed.stderr[-3000:])
