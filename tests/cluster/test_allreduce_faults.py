@@ -8,15 +8,17 @@ worker ends the job with one line on every other worker; restarting every
 worker resumes from the newest checkpoint both have.
 """
 
+import os
 import re
 import signal
+import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.distributed_processes import free_ports
+from tests.distributed_processes import ProcessGroup, free_ports
 
 PROCESS_BUDGET_SECS = 100
 DEADLINE_SECS = 8
@@ -113,3 +115,27 @@ def test_a_restarted_job_ends_bit_identical_to_an_uninterrupted_one(processes, t
     assert uninterrupted.keys() == resumed_run.keys()
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(resumed_run[name], value, err_msg=name)
+
+
+NAN_JOB = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                        "allreduce_nan_job.py")]
+
+
+def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_path):
+    """The NaN reaches every worker's update through the all-reduce: every worker
+    raises NonFiniteError for that step, and no checkpoint holds it."""
+    group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=NAN_JOB)
+    try:
+        ports = ",".join(str(p) for p in free_ports(2))
+        for task in (0, 1):
+            group.start(f"worker{task}", [f"--task={task}", f"--ports={ports}",
+                                          f"--train_dir={tmp_path / 'train'}"])
+        for task in (0, 1):
+            assert group.wait(f"worker{task}", 80) == 3, group.describe(f"worker{task}")
+            log = group.log_text(f"worker{task}")
+            assert "stopped: NonFiniteError: Non-finite values at step 4" in log, log[-2000:]
+        newest = tf.train.latest_checkpoint(str(tmp_path / "train"))
+        assert newest.endswith("model.ckpt-3"), newest  # step 4 never saved
+        assert np.all(np.isfinite(tf.train.load_variable(newest, "w")))
+    finally:
+        group.close()

@@ -108,3 +108,37 @@ def test_only_the_chief_adds_the_weights_regularization():
 ])
 def test_resume_step_is_the_newest_every_worker_has(steps, expected):
     assert choose_resume_step(steps) == expected
+
+
+def test_float16_with_batch_norm_builds_across_workers():
+    """The moving statistics' exchange is built outside float16's skip (a tf.cond):
+    every worker runs it whether or not the step applies."""
+    for bn_mode in ("first_tower", "all_towers", "sync"):
+        with tf.Graph().as_default():
+            build_worker(1, bn_mode, precision=towerlib.Float16())
+
+
+def test_the_broadcast_runs_no_step_on_gpus():
+    """With NCCL each GPU's collectives are chained in creation order; the broadcast,
+    built last and run alone at start, starts a chain of its own, so running it
+    pulls no batch and computes no forward or backward pass."""
+    with tf.Graph().as_default():
+        devices = [f"/job:worker/replica:0/task:0/device:GPU:{i}" for i in range(2)]
+        batch = tf.compat.v1.data.make_one_shot_iterator(
+            tf.data.Dataset.from_tensors(tf.zeros([8, 3])).repeat()).get_next()
+        train = towerlib.build_train_graph(
+            model, batch, tf.compat.v1.train.GradientDescentOptimizer(0.1), devices=devices,
+            bn_mode="sync", update=towerlib.Replicated(),
+            workers=towerlib.WorkerGroup(num_workers=2, worker_index=0))
+        needed, stack = set(), [train.broadcast_op]
+        while stack:
+            op = stack.pop()
+            if op.name in needed:
+                continue
+            needed.add(op.name)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+        graph = tf.compat.v1.get_default_graph()
+        types = {graph.get_operation_by_name(name).type for name in needed}
+        assert "IteratorGetNext" not in types and "MatMul" not in types, sorted(types)
+        assert any(name.startswith("broadcast_from_chief") for name in needed)

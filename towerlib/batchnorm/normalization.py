@@ -293,19 +293,34 @@ def pooled_statistics(tower_statistics):
     return total, mean, variance
 
 
-def moving_average_updates(records, bn_mode, reducer=None):
+def statistics_across_workers(records, bn_mode, reducer):
+    """{layer: per local tower (mean, variance)} every worker shares, or None.
+
+    None unless `reducer` spans several workers. Built apart from the updates
+    because it exchanges: it must run on every worker whether or not the step
+    is applied (float16 skips the updates of an overflowing step in a tf.cond).
+    """
+    if reducer is None or not reducer.workers.spans_workers:
+        return None
+    with tf.name_scope("batch_norm_statistics"):
+        return {layer: worker_statistics.statistics_for_copies(
+                    layer, layer_statistics, bn_mode, reducer)
+                for layer, layer_statistics in records.batch_norm.items()}
+
+
+def moving_average_updates(records, bn_mode, shared=None):
     """One moving-average update per batch-norm layer, per `bn_mode`.
 
     Returns a list of ops; run them once per step (the train op does, under
     control dependencies). With replicated variables each tower's copy of the
     moving statistics gets the same update, so the copies stay equal; across
-    workers (a `reducer` spanning them) every worker's copies too
-    (towerlib.batchnorm.worker_statistics).
+    workers every worker's copies too, from `shared`
+    (statistics_across_workers).
     """
     updates = []
     with tf.name_scope("batch_norm_updates"):
-        if reducer is not None and reducer.workers.spans_workers:
-            return _updates_across_workers(records, bn_mode, reducer)
+        if shared is not None:
+            return _updates_across_workers(records, shared)
         for layer_statistics in records.batch_norm.values():
             # 'all_towers' pools every tower's shard; 'first_tower' uses tower
             # 0's shard, 'sync' tower 0's global statistics: with gradient
@@ -347,13 +362,11 @@ def _same_update_on_every_copy(statistics, copies):
     return updates
 
 
-def _updates_across_workers(records, bn_mode, reducer):
+def _updates_across_workers(records, shared):
     """Each local copy updated from statistics every worker shares."""
     updates = []
     for layer_name, layer_statistics in records.batch_norm.items():
-        values = worker_statistics.statistics_for_copies(
-            layer_name, layer_statistics, bn_mode, reducer)
-        for index, (mean, variance) in enumerate(values):
+        for index, (mean, variance) in enumerate(shared[layer_name]):
             copy = next(s for s in layer_statistics if s.tower_index == index)
             updates.extend(_updates_from(dataclasses.replace(
                 copy, tower_index=-1, count=None, mean=mean, variance=variance)))

@@ -211,7 +211,7 @@ def _lost_message(cluster, deadline_secs, what):
             " no longer accepts connections" if len(gone) == 1 else
             " no longer accept connections")
     elif deadline_secs is not None:
-        cause = (f"no step completed within {deadline_secs:.0f} s though every worker "
+        cause = (f"nothing came back within {deadline_secs:.0f} s though every worker "
                  "accepts connections: one is stopped (SIGSTOP), hung or slower than "
                  "the deadline")
     else:
@@ -234,18 +234,33 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
       train_dir: the chief's folder; worker r checkpoints into train_dir/worker_r.
       max_steps, hooks, **run_kwargs: as for towerlib.run_training (summaries
         and traces are written by the chief only).
-      startup_timeout_secs: how long to wait for every worker to start.
+      startup_timeout_secs: how long to wait for every worker to start and
+        to agree on the checkpoint.
       step_deadline_secs: the bound on any run, the first step included.
+        Checkpoints are saved every save_checkpoint_steps (not seconds: every
+        worker must save at the same steps).
+        A stop signal (SIGTERM) reaches the workers at different steps: one
+        stops while another waits for it, which ends in WorkerLostError; the
+        restart resumes from the newest step all have.
 
     Raises:
       WorkerLostError: a worker did not start, or was lost during training.
     """
     cluster = graph.cluster
+    if run_kwargs.get("save_checkpoint_secs"):
+        raise ValueError(
+            "save_checkpoint_secs saves each worker at different steps, and a restart "
+            "needs a step every worker saved. Fix: save_checkpoint_steps across workers.")
     wait_for_workers(cluster, startup_timeout_secs)
     own_dir = worker_train_dir(train_dir, cluster)
     tf.io.gfile.makedirs(own_dir)
-    restore_from = agree_on_checkpoint(cluster, server, graph.session_config, own_dir,
-                                       startup_timeout_secs)
+    try:
+        restore_from = agree_on_checkpoint(cluster, server, graph.session_config, own_dir,
+                                           startup_timeout_secs)
+    except _LOST_PEER_ERRORS:
+        raise WorkerLostError(_lost_message(
+            cluster, startup_timeout_secs, "the workers could not agree on a checkpoint "
+            "to resume from")) from None
     config = copy.deepcopy(graph.session_config)
     config.operation_timeout_in_ms = int(step_deadline_secs * 1000)
     if not cluster.is_chief:

@@ -91,6 +91,10 @@ class CollectiveTransport:
         self._last_collective[tower_index] = out.op
         return out
 
+    def start_new_order(self):
+        """The next collectives start a chain of their own (a run of their own)."""
+        self._last_collective = [None for _ in self._devices]
+
     def _order_after(self, tower_index):
         """Control inputs that keep this tower's collectives in creation order."""
         previous = self._last_collective[tower_index]

@@ -139,29 +139,13 @@ class CrossTowerReducer:
         """This worker's tower `tower_index` as a member of the whole group."""
         return self._workers.member(tower_index, len(self._devices))
 
-    @property
-    def transport(self) -> str:
-        """'collective' or 'graph' (see the constructor)."""
-        return self._transport
-
-    @property
-    def group_key(self) -> Optional[int]:
-        """The collective group key; None for one tower or the graph transport."""
-        return self._group_key
-
-    @property
-    def timeout_seconds(self) -> Optional[float]:
-        """The per-op collective timeout, or None when there is none."""
-        return self._timeout_seconds
-
-    @property
-    def communication_hint(self) -> str:
-        return self._communication_hint
-
-    @property
-    def ordered(self) -> bool:
-        """Whether each tower's collectives are chained in creation order."""
-        return self._ordered
+    # The constructor's choices, resolved ('collective' or 'graph'; the group key
+    # is None for one tower or the graph transport; the timeout None for none).
+    transport = property(lambda self: self._transport)
+    group_key = property(lambda self: self._group_key)
+    timeout_seconds = property(lambda self: self._timeout_seconds)
+    communication_hint = property(lambda self: self._communication_hint)
+    ordered = property(lambda self: self._ordered, doc="Each tower's collectives chained.")
 
     def num_calls(self, tower_index: int) -> int:
         """Forward reductions tower `tower_index` has built so far."""
@@ -242,6 +226,13 @@ class CrossTowerReducer:
         batch_norm's synchronized statistics.
         """
         return self._reduce("gather_unordered", tensors, tower_index, name)
+
+    def start_separate_run(self) -> None:
+        """The calls from now on run in a session.run of their own (a broadcast at
+        start): their collectives are not chained after the step's."""
+        restart = getattr(self._channel, "start_new_order", None)
+        if restart is not None:
+            restart()
 
     def check_consistent(self) -> None:
         """Raises CollectiveMismatchError unless all towers made the same calls.

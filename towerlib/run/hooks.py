@@ -217,17 +217,19 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
     hook, which then never saves that step.
     """
 
-    def __init__(self, tower_losses, step_after_update, devices=None):
+    def __init__(self, tower_losses, step_after_update, devices=None, names=None):
         """
         Args:
           tower_losses: float scalars, one per tower (TrainGraph.tower_losses).
           step_after_update: the global step read after the update
             (towerlib.run.trainer.step_after_update), to name the step.
           devices: tower device strings, for the message.
+          names: what each loss is, for the message (default 'tower i').
         """
         self.tower_losses = list(tower_losses)
         self.step_after_update = step_after_update
         self.devices = list(devices) if devices else [""] * len(self.tower_losses)
+        self.names = list(names) if names else [f"tower {i}" for i in range(len(self.tower_losses))]
 
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs(
@@ -237,7 +239,7 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
         losses, step = run_values.results
         bad = [i for i, loss in enumerate(losses) if not np.isfinite(loss)]
         if bad:
-            problems = [f"tower {i}" + (f" ({self.devices[i]})" if self.devices[i] else "")
+            problems = [self.names[i] + (f" ({self.devices[i]})" if self.devices[i] else "")
                         + f": the loss is {losses[i]}" for i in bad]
             raise NonFiniteError(int(step), problems, applied=True)
 

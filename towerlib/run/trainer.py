@@ -238,6 +238,13 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     if not numerics_guards:
         all_hooks.append(hooks_lib.NonFiniteLossHook(
             train_graph.tower_losses, step_after, train_graph.devices))
+    if train_graph.broadcast_op is not None:
+        # Across workers a NaN in one worker's data reaches every worker's update
+        # through the all-reduce, while its towers look fine elsewhere: every
+        # worker checks the global batch's loss, which all of them share.
+        all_hooks.append(hooks_lib.NonFiniteLossHook(
+            [train_graph.loss], step_after,
+            names=["the loss of the global batch over every worker"]))
     if train_graph.loss_scale is not None:
         # float16: a run whose loss scale is at its floor and still overflows stops.
         # Three in a row: a fixed scale's next batch may well fit.

@@ -20,14 +20,14 @@ from towerlib.batchnorm import normalization
 __all__ = ["build_apply", "chosen_update_ops"]
 
 
-def chosen_update_ops(towers, records, bn_mode, reducer=None):
+def chosen_update_ops(towers, records, bn_mode, shared=None):
     """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
 
     The user's own update ops cannot be pooled, so 'first_tower' runs tower
     0's and the other modes run every tower's; with gradient accumulation,
     those of the step's first micro-batch only (one update per step).
     """
-    updates = normalization.moving_average_updates(records, bn_mode, reducer)
+    updates = normalization.moving_average_updates(records, bn_mode, shared)
     for tower in towers:
         if tower.context.micro_batch == 0 and (
                 bn_mode != "first_tower" or tower.context.is_first):
@@ -53,9 +53,11 @@ def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step,
         take values every worker shares through it.
     """
     built = {}
+    # Across workers, the statistics' exchange runs whether or not the step applies.
+    shared = normalization.statistics_across_workers(records, bn_mode, reducer)
 
     def step():
-        built["update_ops"] = chosen_update_ops(towers, records, bn_mode, reducer)
+        built["update_ops"] = chosen_update_ops(towers, records, bn_mode, shared)
         with tf.control_dependencies(built["update_ops"]):
             apply_op = update.apply(optimizer, pairs, global_step)
         built["ema"] = None

@@ -132,11 +132,14 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
     train_op, update_ops, ema = apply_step.build_apply(
         optimizer, variable_update, combined.apply_pairs, objective.towers, records,
         options.bn_mode, global_step, ema_decay=options.ema_decay, var_list=var_list, loss_scale=loss_scale,
-        losses=[t.loss for t in objective.towers], reducer=reducer)
+        # Across workers every worker decides on the global loss, which all share.
+        losses=([losses.loss] if workers.spans_workers else [t.loss for t in objective.towers]),
+        reducer=reducer)
     broadcast_op = None
     if workers.spans_workers:
         # Every step computes the global losses: no worker may skip their exchange.
         train_op = tf.group(train_op, losses.loss, name="train_op_across_workers")
+        reducer.start_separate_run()  # run once at start, never with a step
         broadcast_op = broadcast.broadcast_from_chief(
             reducer, tf.compat.v1.global_variables(), variable_update.copies)
         _check_exchanges(reducer)
