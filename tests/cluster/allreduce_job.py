@@ -15,6 +15,7 @@ every tower's copy) to OUT.npz.
 """
 
 import argparse
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -72,8 +73,12 @@ def main():
     parser.add_argument("--accumulation_steps", type=int, default=1)
     parser.add_argument("--init", required=True)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    run(parser.parse_args())
 
+
+def run(args):
+    """One role's run (args: the flags above, as attributes); the test calls it
+    in its own process for the references, which need no server."""
     images, labels = batches()
     step_index = None
     if args.role == "worker":
@@ -114,8 +119,10 @@ def main():
         with tf.compat.v1.Session(target, config=config) as session:
             train.initialize(session)
             if args.role == "worker" and args.task == 0:
-                np.savez(args.init, **{v.op.name: session.run(v)
-                                       for v in tf.compat.v1.global_variables()})
+                # Whole or not at all: the test starts the references once it exists.
+                np.savez(args.init + ".partial.npz", **{
+                    v.op.name: session.run(v) for v in tf.compat.v1.global_variables()})
+                os.replace(args.init + ".partial.npz", args.init)
             elif args.role != "worker":
                 start = np.load(args.init)
                 for variable in tf.compat.v1.global_variables():

@@ -1,8 +1,8 @@
 """All-reduce across worker processes equals one machine: every copy, every step.
 
 Each case starts W worker processes on free ports of 127.0.0.1 (N virtual CPU
-towers each, no ps task) and, beside them, the single-machine definition of
-the same step: one process with W x N towers whose tower t reads what member
+towers each, no ps task) and, in the test's own process, the single-machine
+definition of the same step: W x N towers whose tower t reads what member
 t reads across workers (tests/cluster/allreduce_job.py). With bn_mode='sync'
 it is also one device on the whole batch. After 5 steps on a global batch of
 11 (uneven over the towers):
@@ -12,11 +12,15 @@ it is also one device on the whole batch. After 5 steps on a global batch of
 - each equals the single-machine run within 1e-5, and the losses too.
 """
 
+import argparse
 import os
 import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
+
+from tests.cluster import allreduce_job
 
 from tests.distributed_processes import ProcessGroup, free_ports
 
@@ -67,10 +71,14 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
     references = {"reference": workers * towers}
     if bn_mode == "sync":
         references["one_device"] = 1
+    # The references need no server: run here, while the workers train.
     for role, count in references.items():
-        processes.start(role, common + [f"--role={role}", f"--towers={count}",
-                                        f"--out={tmp_path / f'{role}.npz'}"])
-    for name in [f"worker{t}" for t in range(workers)] + list(references):
+        with tf.Graph().as_default():
+            allreduce_job.run(argparse.Namespace(
+                role=role, task=0, workers=1, towers=count, ports="", bn_mode=bn_mode,
+                optimizer=optimizer, accumulation_steps=steps,
+                init=str(tmp_path / "init.npz"), out=str(tmp_path / f"{role}.npz")))
+    for name in [f"worker{t}" for t in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
 
     chief = np.load(tmp_path / "w0.npz")
