@@ -29,6 +29,7 @@ USER_ERRORS = (
     towerlib.DataError,
     towerlib.cluster.ReplicaLostError,  # a lost worker: restart every worker
     towerlib.cluster.PsUnavailableError,
+    towerlib.cluster.AddressError,  # a port another process holds
 )
 
 # TensorFlow's deprecation warnings for the calls the example makes on purpose, through

@@ -213,8 +213,8 @@ def main(argv):
         try:
             cluster_lib.run_parameter_server(cluster,
                                              timeout_secs=FLAGS.ps_timeout_secs or None)
-        except cluster_lib.ReplicaLostError as error:
-            sys.stderr.write(f"error: ReplicaLostError: {error}\n")
+        except (cluster_lib.ReplicaLostError, cluster_lib.AddressError) as error:
+            sys.stderr.write(f"error: {type(error).__name__}: {error}\n")
             sys.exit(2)
         print(f"ps task {cluster.task_index}: every worker is done, exiting.", flush=True)
         return
@@ -222,7 +222,7 @@ def main(argv):
         try:
             step, loss = train_replica(cluster)
         except (cluster_lib.PsUnavailableError, cluster_lib.ReplicaLostError,
-                TimeoutError) as error:
+                cluster_lib.AddressError, TimeoutError) as error:
             # The message names the task and how to restart it: one line, no traceback.
             sys.stderr.write(f"error: {type(error).__name__}: {error}\n")
             sys.exit(2)

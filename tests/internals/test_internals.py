@@ -176,3 +176,22 @@ def test_deprecation_warnings_can_be_silenced_for_one_call(caplog):
     with caplog.at_level("WARNING"):
         old_api()  # the first unsilenced call warns: the test above could fail
     assert "deprecated" in caplog.text
+
+
+def test_a_taken_port_is_recognized_and_named():
+    """towerlib.internals.error_texts.is_port_taken: the text of a server that cannot bind."""
+    import socket  # pylint: disable=import-outside-toplevel
+    from towerlib import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    try:
+        port = holder.getsockname()[1]
+        cluster = cluster_lib.cluster_from_flags(
+            worker_hosts=f"127.0.0.1:{port}", job_name="worker", task_index=0)
+        with pytest.raises(cluster_lib.AddressError,
+                           match=rf"cannot listen on 127.0.0.1:{port}"):
+            cluster_lib.start_server(cluster, 1)
+    finally:
+        holder.close()

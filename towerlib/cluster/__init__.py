@@ -43,6 +43,7 @@ from towerlib.cluster.allreduce import (
     worker_train_dir,
 )
 from towerlib.cluster.placement import (
+    AddressError,
     ParameterServerPlacer,
     session_config,
     start_server,

@@ -6,8 +6,13 @@ replica's own task, whose towers are its local devices under its task prefix.
 
 import tensorflow as tf
 
+from towerlib.internals import error_texts
 from towerlib.step import devices as devices_lib
 from towerlib.cluster.spec import PS_JOB
+
+
+class AddressError(RuntimeError):
+    """This task's server cannot listen on its address."""
 
 
 def session_config(cluster, num_towers=1, base_config=None):
@@ -43,10 +48,20 @@ def start_server(cluster, num_towers=1, base_config=None):
     The server, not the session, owns the task's devices, so a replica's
     virtual CPU devices for CPU towers are asked for here.
     """
-    return tf.distribute.Server(
-        cluster.cluster_spec, job_name=cluster.job_name, task_index=cluster.task_index,
-        config=session_config(cluster, num_towers, base_config), protocol="grpc",
-        start=True)
+    try:
+        return tf.distribute.Server(
+            cluster.cluster_spec, job_name=cluster.job_name, task_index=cluster.task_index,
+            config=session_config(cluster, num_towers, base_config), protocol="grpc",
+            start=True)
+    except tf.errors.OpError as error:
+        if not error_texts.is_port_taken(error.message):
+            raise
+        address = cluster.jobs[cluster.job_name][cluster.task_index]
+        raise AddressError(
+            f"{cluster.job_name} task {cluster.task_index} cannot listen on {address}: "
+            "another process holds the port, or the host is not this machine. Fix: stop "
+            "that process or give this task a free port (--worker_hosts/--ps_hosts or "
+            "TF_CONFIG), the same on every task.") from None
 
 
 def tower_devices(cluster, num_towers=None, device_type=None):

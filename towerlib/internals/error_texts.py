@@ -9,7 +9,7 @@ release rewords it.
 """
 
 __all__ = ["is_collective_timeout", "is_fused_batch_norm_dtype", "is_missing_variable",
-           "is_run_deadline",
+           "is_port_taken", "is_run_deadline",
            "is_shape_mismatch", "names_assert", "timeout_line"]
 
 # A collective op's own timeout, or a collective aborted by another's failure.
@@ -31,6 +31,14 @@ _SHAPE_MISMATCH_TEXTS = (
     "Cannot reshape a tensor with",  # reshape to a fully fixed shape
     "are incompatible",  # tf.compat.v1.losses, set_shape
 )
+
+
+# tf.distribute.Server on an address it cannot bind (the port taken).
+_SERVER_BIND_TEXT = "Could not start gRPC server"
+
+
+def is_port_taken(message: str) -> bool:
+    return _SERVER_BIND_TEXT in (message or "")
 
 
 def is_collective_timeout(message: str) -> bool:
