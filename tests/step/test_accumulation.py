@@ -160,20 +160,21 @@ def test_dynamic_batch_and_input_functions():
     _assert_close({k: per_tower[k] for k in reference}, reference)
 
 
-def test_micro_batches_run_one_after_the_other():
-    """Micro-batch 1's inputs wait for micro-batch 0's gradients (peak memory of
-    one micro-batch's activations)."""
-    with tf.Graph().as_default():
+def test_the_towers_are_built_once_in_a_loop_that_runs_one_micro_batch_at_a_time():
+    """Micro-batch j + 1 starts after micro-batch j's writes (one micro-batch's
+    activations alive at a time), and nothing of the towers is outside the loop."""
+    with tf.Graph().as_default() as graph:
         train = helpers.build_on_image_batch(2, tower_fn=helpers.conv_dense_model,
-                                             accumulation_steps=2)
-        graph = tf.compat.v1.get_default_graph()
-        gates = [op for op in graph.get_operations()
-                 if op.type == "Identity" and op.control_inputs
-                 and op.name.startswith("micro_batch")]
-        assert gates, "no input of micro-batch 1 waits for anything"
-        waited_for = {c.name for op in gates for c in op.control_inputs}
-        assert any("micro_batch_0/tower_0/gradients" in name for name in waited_for)
-        assert any("micro_batch_0/tower_1/gradients" in name for name in waited_for)
+                                             accumulation_steps=3)
+        (loop,) = [op for op in graph.get_operations() if op.type in ("While", "StatelessWhile")]
+        assert loop.get_attr("parallel_iterations") == 1
+        assert not [op.name for op in graph.get_operations() if "tower_1/" in op.name
+                    and op.type in ("Conv2D", "MatMul")]
+        body = graph._get_function(loop.get_attr("body").name)  # pylint: disable=protected-access
+        # The counter's next value waits for each tower's writes (one tf.cond per device).
+        waits = {i.split("/")[0] for node in body.definition.node_def
+                 if node.name.startswith("add") for i in node.input if i.startswith("^")}
+        assert {"^keep_tower_0", "^keep_tower_1"} <= waits, waits
         assert train.tower_outputs[0] == {}
 
 

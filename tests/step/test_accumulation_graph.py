@@ -1,12 +1,9 @@
-"""The graph accumulation builds: micro-batches chained by control edges (issue 22 item 18).
+"""The graph accumulation builds: the towers once, in a loop (issue 23 item 1).
 
-Micro-batch j's inputs wait on a gate (a NoOp) that waits on micro-batch
-j - 1's gradients and on micro-batch j - 1's gate. The tests check that
-the chain keeps every earlier micro-batch's gradients ahead of a
-micro-batch's inputs, that its control edges grow linearly with k (they
-grew as k^2 when every input waited on every earlier gradient), that the
-GraphDef sorts topologically, and that TensorFlow's graph optimizer logs no
-failed topological sort on the first step.
+The tests check that the graph (with its function library, where the
+loop's body is) is the same size whatever k, that it sorts topologically,
+and that TensorFlow's graph optimizer logs no failed topological sort on
+the first step (issue 22 item 18).
 """
 
 import collections
@@ -23,7 +20,6 @@ import tensorflow as tf
 import towerlib
 from tests import helpers
 from towerlib import layers
-from towerlib.step import accumulation
 
 # What grappler logs when it cannot sort the graph (layout optimizer, dependency optimizer).
 SORT_FAILURES = ("couldn't be sorted in topological order", "topological sort failed")
@@ -48,8 +44,11 @@ def _build(num_towers, accumulation_steps, batch=32):
     return graph, train
 
 
-def _control_edges(graph_def):
-    return sum(name.startswith("^") for node in graph_def.node for name in node.input)
+def _size(graph):
+    """(nodes, bytes) of the GraphDef, its function library included."""
+    graph_def = graph.as_graph_def()
+    nodes = len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+    return nodes, graph_def.ByteSize()
 
 
 def _unsorted_nodes(graph_def):
@@ -80,17 +79,6 @@ def _unsorted_nodes(graph_def):
     return sorted(set(ops) - placed)
 
 
-def _ancestors(op):
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
-            if parent.name not in seen:
-                seen.add(parent.name)
-                stack.append(parent)
-    return seen
-
-
 @pytest.mark.parametrize("num_towers,accumulation_steps", [(1, 2), (1, 4), (2, 3)])
 def test_graph_sorts_topologically(num_towers, accumulation_steps):
     graph, _ = _build(num_towers, accumulation_steps)
@@ -98,65 +86,35 @@ def test_graph_sorts_topologically(num_towers, accumulation_steps):
 
 
 @pytest.mark.parametrize("num_towers", [1, 2])
-def test_control_edges_grow_linearly_with_the_micro_batches(num_towers):
-    """Issue 22 item 18: a micro-batch waits on the previous one only (was every earlier one)."""
-    edges = {k: _control_edges(_build(num_towers, k)[0].as_graph_def()) for k in (2, 3, 4, 8)}
-    step = edges[3] - edges[2]
-    assert edges[4] - edges[3] == step, edges
-    assert edges[8] - edges[4] == 4 * step, edges
+def test_the_graph_does_not_grow_with_the_micro_batches(num_towers):
+    """The same nodes at k = 2, 8 and 64; the bytes differ by the per-micro-batch
+    offsets (a few bytes per micro-batch and tower)."""
+    sizes = {k: _size(_build(num_towers, k, batch=128)[0]) for k in (2, 8, 64)}
+    assert sizes[2][0] == sizes[8][0] == sizes[64][0], sizes
+    assert sizes[64][1] - sizes[2][1] <= 16 * 62 * num_towers, sizes
 
 
-def test_every_earlier_micro_batch_finishes_before_a_micro_batch_starts():
-    """The chain is transitive: micro-batch j's gate follows every gradient op of micro-batches < j."""
-    num_towers, k = 2, 4
-    graph, train = _build(num_towers, k)
-    needed = _ancestors(train.train_op)  # the ops the step runs
-    for j in range(1, k):
-        gate = graph.get_operation_by_name(f"micro_batch_{j}/wait_for_gradients")
-        before = _ancestors(gate)
-        for i in range(j):
-            gradients = [op.name for op in graph.get_operations()
-                         if op.name in needed and op.name.startswith(f"micro_batch_{i}/tower_")
-                         and "/gradients/" in op.name]
-            assert gradients, i
-            assert set(gradients) <= before, (i, j, sorted(set(gradients) - before)[:5])
-        for tower in range(num_towers):
-            first = graph.get_operation_by_name(f"micro_batch_{j}/tower_{tower}/d1/MatMul")
-            assert gate.name in _ancestors(first), (j, tower)
-    # Each gate has one control input per gradient op of the previous micro-batch, plus the
-    # previous gate; each of the micro-batch's inputs has one: the gate.
-    for j in range(2, k):
-        gate = graph.get_operation_by_name(f"micro_batch_{j}/wait_for_gradients")
-        inputs = [op.name for op in gate.control_inputs]
-        assert f"micro_batch_{j - 1}/wait_for_gradients" in inputs
-        assert all(name.startswith(f"micro_batch_{j - 1}/") for name in inputs), inputs
-        waiting = [op for op in graph.get_operations()
-                   if gate in op.control_inputs and op.type != "NoOp"]  # the next gate
-        assert waiting and all(op.type == "Identity" and len(op.control_inputs) == 1
-                               for op in waiting), waiting
+def test_an_input_function_is_called_once_per_micro_batch_and_tower_only():
+    """What grows with k is the input function's calls (B must be known before the loop)."""
+    calls = {}
 
+    def sizes_for(k):
+        with tf.Graph().as_default() as graph:
+            rng = np.random.RandomState(0)
+            data = (rng.randn(4, 4).astype(np.float32), rng.randn(4, 1).astype(np.float32))
 
-def test_after_chains_to_the_previous_gate_and_starts_anew_for_other_gradients():
-    with tf.Graph().as_default():
-        x = tf.constant(1.0)
-        first = [tf.identity(x, name=f"g0_{i}") for i in range(3)]
-        second = [tf.identity(x, name=f"g1_{i}") for i in range(3)]
-        other = [tf.identity(x, name=f"h0_{i}") for i in range(2)]
-        assert accumulation.after(x, [], "/device:CPU:0") is x
-        gate_1 = accumulation.after(x, first, "/device:CPU:0").op.control_inputs[0]
-        assert sorted(op.name for op in gate_1.control_inputs) == ["g0_0", "g0_1", "g0_2"]
-        # Every earlier micro-batch's gradients, as build_train_graph passes them.
-        gate_2 = accumulation.after(x, first + second, "/device:CPU:0").op.control_inputs[0]
-        assert sorted(op.name for op in gate_2.control_inputs) == [
-            "g1_0", "g1_1", "g1_2", gate_1.name]
-        # Gradients the previous gate does not fall within: a new chain.
-        gate_3 = accumulation.after(x, other, "/device:CPU:0").op.control_inputs[0]
-        assert sorted(op.name for op in gate_3.control_inputs) == ["h0_0", "h0_1"]
-        # An input function is gated when called; a nest keeps its structure.
-        gated = accumulation.after(lambda ctx: {"a": x, "b": (x, x)}, second, "/device:CPU:0")
-        nest = gated(None)
-        assert set(nest) == {"a", "b"} and len(nest["b"]) == 2
-        assert all(len(t.op.control_inputs) == 1 for t in tf.nest.flatten(nest))
+            def input_fn(ctx):
+                calls[k] = calls.get(k, 0) + 1
+                return tuple(tf.constant(x) for x in data)
+
+            towerlib.build_train_graph(
+                dense_tanh_dense, input_fn, tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                num_towers=2, accumulation_steps=k)
+        return _size(graph)[0]
+
+    small, large = sizes_for(2), sizes_for(6)
+    assert calls == {2: 4, 6: 12}
+    assert large - small < 4 * 8 * 2, (small, large)  # a constant and a slice per call
 
 
 _FIRST_STEP = textwrap.dedent("""

@@ -37,6 +37,7 @@ import tensorflow as tf
 from towerlib.exchange import collectives, graph_hub, keys, ledger, packing, transport_rules
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.exchange.transport_rules import TRANSPORTS
+from towerlib.internals import function_graphs
 
 __all__ = ["TRANSPORTS", "CrossTowerReducer"]
 
@@ -252,12 +253,12 @@ class CrossTowerReducer:
                 or not 0 <= tower_index < len(self._devices)):
             raise ValueError(f"tower_index must be an int in [0, {len(self._devices)}), "
                              f"got {tower_index!r}.")
-        if tf.compat.v1.get_default_graph() is not self._graph:
+        # An accumulated step's towers are built in a while-loop body within it.
+        if not function_graphs.is_inside(tf.compat.v1.get_default_graph(), self._graph):
             raise ValueError(
                 "CrossTowerReducer used in a different graph than the one it was "
-                "created in (or inside a tf.function / control-flow body). Create "
-                "the reducer in the graph that holds the towers, and call it "
-                "directly in that graph.")
+                "created in. Create the reducer in the graph that holds the towers, "
+                "and call it in that graph.")
 
     def _reduce(self, kind, tensors, tower_index, name, in_gradient=False, differentiable=True):
         self._check_tower(tower_index)

@@ -17,22 +17,24 @@ import tensorflow as tf
 
 from towerlib.batchnorm import normalization
 
-__all__ = ["build_apply", "chosen_update_ops"]
+__all__ = ["build_apply", "chosen_update_ops", "user_update_ops"]
+
+
+def user_update_ops(towers, bn_mode):
+    """The tower function's own UPDATE_OPS that run once per step.
+
+    They cannot be pooled, so 'first_tower' runs tower 0's and the other
+    modes every tower's; with gradient accumulation, those of the step's
+    first micro-batch (towerlib.step.micro_loop runs them there).
+    """
+    return [op for tower in towers if bn_mode != "first_tower" or tower.context.is_first
+            for op in tower.update_ops]
 
 
 def chosen_update_ops(towers, records, bn_mode, shared=None):
-    """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode.
-
-    The user's own update ops cannot be pooled, so 'first_tower' runs tower
-    0's and the other modes run every tower's; with gradient accumulation,
-    those of the step's first micro-batch only (one update per step).
-    """
-    updates = normalization.moving_average_updates(records, bn_mode, shared)
-    for tower in towers:
-        if tower.context.micro_batch == 0 and (
-                bn_mode != "first_tower" or tower.context.is_first):
-            updates.extend(tower.update_ops)
-    return updates
+    """towerlib batch-norm updates plus the user's own UPDATE_OPS, per mode."""
+    return (normalization.moving_average_updates(records, bn_mode, shared)
+            + user_update_ops(towers, bn_mode))
 
 
 def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step, *,

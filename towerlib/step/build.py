@@ -18,6 +18,7 @@ from towerlib.step import accumulation
 from towerlib.step import across_workers
 from towerlib.step import apply as apply_step
 from towerlib.step import devices as devices_lib
+from towerlib.step import micro_loop
 from towerlib.step import options as options_lib
 from towerlib.step import summaries as summaries_lib
 from towerlib.step import towers as towers_lib
@@ -88,37 +89,54 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
     with tf.device(host):
         loss_scale = options.precision.make_loss_scale()
     tower_fn = casting.compute_in(tower_fn, options.precision.compute_dtype)
-    micro_inputs, global_examples = accumulation.micro_batches(
-        inputs, options.accumulation_steps, devices, options.bn_mode, host)
+    stacks, global_examples = None, None
+    if options.accumulation_steps > 1:
+        stacks, global_examples = accumulation.tower_stacks(
+            inputs, options.accumulation_steps, devices, options.bn_mode, host)
 
     objective = StepObjective(
         global_examples, adds_weight_terms=workers.is_chief,
         sum_over_workers=across_workers.WorkerSums(reducer) if workers.spans_workers else None)
-    records = TowerRecords(len(devices))
     trainable_before = set(tf.compat.v1.trainable_variables())
-    tower_grads_and_vars = []
-    for micro_batch, micro_batch_inputs in enumerate(micro_inputs):
+    chosen_vars = []
+
+    def build_micro_batch(micro_batch_inputs, weight_gate=None):
+        """The towers, their objectives and gradients on one micro-batch."""
         regularization_before = objective.regularization_before()
-        previous_gradients = [g for pairs in tower_grads_and_vars for g, _ in pairs
-                              if g is not None]
-        with accumulation.micro_batch_scope(micro_batch, options.accumulation_steps):
-            towers, records = towers_lib.build_towers(
-                tower_fn, accumulation.after(micro_batch_inputs, previous_gradients, host),
-                devices=devices, is_training=True, bn_mode=options.bn_mode,
-                param_device=variable_update.param_device, records=records,
-                cross_tower=reducer, check_isolation=check_isolation,
-                variable_getter=variable_update.variable_getter,
-                reuse_variables=micro_batch > 0, micro_batch=micro_batch)
+        towers, records = towers_lib.build_towers(
+            tower_fn, micro_batch_inputs, devices=devices, is_training=True,
+            bn_mode=options.bn_mode, param_device=variable_update.param_device,
+            records=TowerRecords(len(devices)), cross_tower=reducer,
+            check_isolation=check_isolation,
+            variable_getter=variable_update.variable_getter)
         _check_built_towers(towers, options.bn_mode, variable_update, reducer, records)
-        var_list = _trained_variables(var_list, trainable_before)
-        towers, tower_objectives = objective.add_micro_batch(towers, regularization_before)
+        chosen_vars[:] = _trained_variables(var_list, trainable_before)
+        activity_before = len(objective.weighted_activity)
+        towers, tower_objectives = objective.add_micro_batch(
+            towers, regularization_before, weight_gate=weight_gate)
+        grads_and_vars = []
         for tower, tower_objective in zip(towers, tower_objectives):
             with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
                 if loss_scale is not None:
                     tower_objective = loss_scale.scale(tower_objective)
-                tower_grads_and_vars.append(_tower_gradients(
+                grads_and_vars.append(_tower_gradients(
                     optimizer, tower, tower_objective,
-                    variable_update.tower_variables(var_list, tower.context.index)))
+                    variable_update.tower_variables(chosen_vars, tower.context.index)))
+        return micro_loop.MicroBatch(
+            towers, objective.shares[-len(towers):], grads_and_vars, records,
+            objective.weight_terms, objective.weighted_activity[activity_before:],
+            apply_step.user_update_ops(towers, options.bn_mode))
+
+    if options.accumulation_steps == 1:
+        micro = build_micro_batch(inputs)
+        records, tower_grads_and_vars = micro.records, micro.grads_and_vars
+    else:
+        totals = micro_loop.accumulate(
+            build_micro_batch, stacks, options.accumulation_steps, devices, host)
+        objective.use_totals(totals.towers, totals.shares, totals.weight_terms,
+                             totals.weighted_activity)
+        records, tower_grads_and_vars = totals.records, totals.grads_and_vars
+    var_list = chosen_vars
 
     _check_exchanges(reducer)  # the backward exchanges
     combined = variable_update.combine(tower_grads_and_vars)
@@ -127,8 +145,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         combined = combined.map_pairs(loss_scale.unscale)
     with tf.device(host), tf.name_scope("losses"):
         losses = objective.losses()
-        tower_losses, tower_shares, tower_outputs, contexts = accumulation.per_tower(
-            objective.towers, objective.shares, len(devices))
+    tower_losses = [t.loss for t in objective.towers]
+    tower_outputs = [t.outputs for t in objective.towers]
+    contexts = [t.context for t in objective.towers]
+    tower_shares = list(objective.shares)
     train_op, update_ops, ema = apply_step.build_apply(
         optimizer, variable_update, combined.apply_pairs, objective.towers, records,
         options.bn_mode, global_step, ema_decay=options.ema_decay, var_list=var_list, loss_scale=loss_scale,

@@ -12,6 +12,8 @@ from typing import Callable, Iterable, Iterator
 
 import tensorflow as tf
 
+from towerlib.internals import function_graphs
+
 # Ops that hold a variable; a walk never goes past them.
 VARIABLE_OP_TYPES = frozenset({
     "VarHandleOp", "VariableV2", "Variable", "AutoReloadVariable",
@@ -27,8 +29,22 @@ def is_variable_read(op: tf.Operation) -> bool:
     if op.type in VARIABLE_OP_TYPES:
         return True
     if op.type in ("ReadVariableOp", "Identity") and op.inputs:
-        return op.inputs[0].op.type in VARIABLE_OP_TYPES
+        return source_op(op.inputs[0].op).type in VARIABLE_OP_TYPES
     return False
+
+
+def source_op(op: tf.Operation) -> tf.Operation:
+    """`op`, or for a loop body's capture of an outer tensor, that tensor's op.
+
+    The towers of an accumulated step are built in a tf.while_loop body
+    (towerlib.step.micro_loop), where a variable or an input of the graph
+    around it appears as a Placeholder: a walk goes on through it.
+    """
+    while True:
+        outer = function_graphs.captured_from(op)
+        if outer is None:
+            return op
+        op = outer.op
 
 
 def in_scope(op: tf.Operation, name_scope: str) -> bool:
@@ -57,7 +73,7 @@ def upstream_ops(start: Iterable[tf.Operation],
             yield op
             if is_variable_read(op) or not descend(op):
                 continue
-            for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+            for parent in [source_op(t.op) for t in op.inputs] + list(op.control_inputs):
                 if parent.name not in seen:
                     seen.add(parent.name)
                     next_frontier.append(parent)

@@ -77,7 +77,7 @@ def _variables_read(tensor: tf.Tensor) -> Tuple[str, ...]:
         if op.type in graph_walk.VARIABLE_OP_TYPES:
             names.add(op.name)
         elif graph_walk.is_variable_read(op):  # the walk stops at the read
-            names.add(op.inputs[0].op.name)
+            names.add(graph_walk.source_op(op.inputs[0].op).name)
     # A replicated tower reads its own copy of tower 0's variable: the same one.
     return tuple(sorted(variable_copies.plain_name(name) for name in names))
 

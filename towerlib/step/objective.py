@@ -122,12 +122,15 @@ class StepObjective:
         """A snapshot of REGULARIZATION_LOSSES, taken before a micro-batch is built."""
         return list(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES))
 
-    def add_micro_batch(self, towers, regularization_before):
+    def add_micro_batch(self, towers, regularization_before, weight_gate=None):
         """(towers with their data loss, each tower's objective term).
 
         Args:
           towers: the towers of one micro-batch, tower 0 first.
           regularization_before: regularization_before() taken before they were built.
+          weight_gate: None, or a float32 scalar the weights' regularization is
+            multiplied by: in an accumulation loop, whose body is built once,
+            1 for micro-batch 0 and 0 after, so it counts once per step.
 
         Returns:
           The towers (a loss holding regularization from the 'losses'
@@ -162,11 +165,36 @@ class StepObjective:
                     objective += self._weighted_activity[-1]
                 if (first and tower.context.is_first and self._weight_terms
                         and self._adds_weight_terms):
-                    objective += tf.add_n(self._weight_terms, name="regularization")
+                    weight_terms = tf.add_n(self._weight_terms, name="regularization")
+                    if weight_gate is not None:
+                        weight_terms *= weight_gate
+                    objective += weight_terms
                 objectives.append(objective)
         self.towers.extend(towers)
         self.shares.extend(shares)
         return towers, objectives
+
+    @property
+    def weight_terms(self):
+        """The weights' regularization terms counted once (float32 scalars)."""
+        return list(self._weight_terms or [])
+
+    @property
+    def weighted_activity(self):
+        """Each tower's activity terms, weighted by its share (float32 scalars)."""
+        return list(self._weighted_activity)
+
+    def use_totals(self, towers, shares, weight_terms, weighted_activity):
+        """Replaces what the towers added by their totals over an accumulation loop.
+
+        `towers` (one per device, its loss the mean over its micro-batches),
+        `shares` (sum_j n_ji / B), and the step's weight terms and weighted
+        activity terms, all tensors of the graph around the loop; losses()
+        then reports the whole step.
+        """
+        self.towers, self.shares = list(towers), list(shares)
+        self._weight_terms = list(weight_terms)
+        self._weighted_activity = list(weighted_activity)
 
     def losses(self) -> StepLosses:
         """The step's losses, built in the current device and name scope."""
