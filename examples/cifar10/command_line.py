@@ -1,8 +1,9 @@
 """The scripts' command line, without TensorFlow: one-line errors and an early --help.
 
 parse_flags makes a bad flag (or an argument that is no flag) one line and exit status 2.
-answer_help_before_tensorflow answers --help, --helpshort, --helpfull and --helpxml from
-the flag tables (options.py) before the script imports TensorFlow, which takes seconds.
+parse_flags_before_tensorflow parses the command line from the flag tables (options.py)
+before the script imports TensorFlow, which takes seconds: --help, --helpshort, --helpfull
+and --helpxml answer at once, and so does a flag absl cannot parse, in one line.
 """
 
 import re
@@ -59,13 +60,17 @@ def define_script_flags(table, defaults=None):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
-def answer_help_before_tensorflow(module_name, table, defaults=None, argv=None):
-    """In a script run as __main__ with a help flag: prints absl's help for the script's
-    flags and exits with absl's status (1, as after app.run's help), before the
-    script imports TensorFlow. Otherwise does nothing."""
+def parse_flags_before_tensorflow(module_name, table, defaults=None, argv=None):
+    """In a script run as __main__: defines the script's flags and parses its command line
+    before the script imports TensorFlow. A help flag prints absl's help for the script's
+    flags and exits with absl's status (1, as after app.run's help); a flag absl cannot
+    parse, or an argument that is no flag, is one line and exit status 2 (parse_flags),
+    without the seconds TensorFlow's import takes. Otherwise the script goes on with its
+    flags defined (its app.run parses them again, to the same values). In a module that is
+    imported, not run, it does nothing."""
     argv = sys.argv if argv is None else argv
-    if module_name != "__main__" or not asks_for_help(argv):
+    if module_name != "__main__":
         return
     define_script_flags(table, defaults)
     app.define_help_flags()
-    parse_flags(argv)  # exits in absl's help flag
+    parse_flags(argv)  # exits in absl's help flag, or on a bad flag

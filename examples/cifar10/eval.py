@@ -20,8 +20,8 @@ same: without --eval_dir the summary is not written, and the log says so.
 from examples.cifar10 import command_line, options
 
 SCRIPT_FLAGS = options.EVAL_FLAGS
-# --help answers here, from the flag tables, before TensorFlow loads (seconds).
-command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS)
+# --help and a bad flag answer here, from the flag tables, before TensorFlow loads.
+command_line.parse_flags_before_tensorflow(__name__, SCRIPT_FLAGS)
 
 import dataclasses  # noqa: E402
 import logging  # noqa: E402

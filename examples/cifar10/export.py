@@ -22,8 +22,8 @@ files (an earlier export of that step); a folder with anything else in it is ref
 from examples.cifar10 import command_line, options
 
 SCRIPT_FLAGS = options.EXPORT_FLAGS
-# --help answers here, from the flag tables, before TensorFlow loads (seconds).
-command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS)
+# --help and a bad flag answer here, from the flag tables, before TensorFlow loads.
+command_line.parse_flags_before_tensorflow(__name__, SCRIPT_FLAGS)
 
 import fnmatch  # noqa: E402
 import logging  # noqa: E402

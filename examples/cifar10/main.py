@@ -28,8 +28,8 @@ MAIN_DEFAULTS = {
     "save_checkpoint_steps": 200,
 }
 SCRIPT_FLAGS = options.TRAIN_FLAGS
-# --help answers here, from the flag tables, before TensorFlow loads (seconds).
-command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS, MAIN_DEFAULTS)
+# --help and a bad flag answer here, from the flag tables, before TensorFlow loads.
+command_line.parse_flags_before_tensorflow(__name__, SCRIPT_FLAGS, MAIN_DEFAULTS)
 
 import contextlib  # noqa: E402
 import logging  # noqa: E402

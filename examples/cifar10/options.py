@@ -8,7 +8,7 @@ Values are checked where they are used: towerlib's options by towerlib.validate_
 the script stops with one line naming the flag and the fix (FlagError).
 
 This module does not import TensorFlow (nor towerlib, which does): a script answers --help
-from these tables before TensorFlow loads (command_line.answer_help_before_tensorflow).
+from these tables before TensorFlow loads (command_line.parse_flags_before_tensorflow).
 """
 
 import contextlib

@@ -13,8 +13,8 @@ run folder, errors: docs/cifar10.md). A rerun resumes, taking flags not given fr
 from examples.cifar10 import command_line, options
 
 SCRIPT_FLAGS = options.TRAIN_FLAGS + options.CLUSTER_FLAGS
-# --help answers here, from the flag tables, before TensorFlow loads (seconds).
-command_line.answer_help_before_tensorflow(__name__, SCRIPT_FLAGS)
+# --help and a bad flag answer here, from the flag tables, before TensorFlow loads.
+command_line.parse_flags_before_tensorflow(__name__, SCRIPT_FLAGS)
 
 import logging  # noqa: E402
 import time  # noqa: E402

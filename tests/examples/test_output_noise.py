@@ -157,8 +157,9 @@ def test_help_flags_are_recognized(argv, asks):
     assert command_line.asks_for_help(argv) == asks
 
 
-def test_an_imported_script_module_answers_no_help():
-    command_line.answer_help_before_tensorflow("examples.cifar10.train", (), argv=["x", "--help"])
+def test_an_imported_script_module_parses_no_flags():
+    for argv in (["x", "--help"], ["x", "--num_tower=2"]):
+        command_line.parse_flags_before_tensorflow("examples.cifar10.train", (), argv=argv)
 
 
 def test_the_pack_bytes_default_is_towerlibs():
@@ -195,19 +196,43 @@ def test_the_filter_passes_every_other_byte_in_order_even_if_the_process_dies():
         assert completed.stderr.splitlines() == lines, completed.stderr
 
 
-@pytest.mark.slow  # fresh processes, each importing TensorFlow
-def test_a_bad_flag_is_the_only_line_and_the_users_level_shows_tensorflows_lines():
+_PROBE = textwrap.dedent("""
+    import runpy, sys
+    sys.argv = %r
+    try:
+        runpy.run_module("examples.cifar10.%s", run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        sys.stderr.write("exit %%s, tensorflow imported: %%s\\n"
+                         %% (exit.code, "tensorflow" in sys.modules))
+""")
+
+
+@pytest.mark.slow  # fresh processes, two of them importing TensorFlow
+def test_a_bad_flag_is_the_only_line_and_the_users_level_shows_tensorflows_lines(tmp_path):
     bad = ["-m", "examples.cifar10.train", "--num_tower=2"]
     completed = _python(bad)
     assert completed.returncode == 2
     assert completed.stderr.splitlines() == [
         "error: Unknown command line flag 'num_tower'. Did you mean: num_towers? See "
         "--helpshort for the flags."], completed.stderr
+    # absl's parse fails before the script imports TensorFlow.
+    probe = _python(["-c", _PROBE % (["train", "--num_tower=2"], "train")], timeout=120)
+    assert probe.stderr.splitlines()[-1] == "exit 2, tensorflow imported: False", probe.stderr
+    # A flag value refused after TensorFlow loaded: its start-up lines filtered out, the
+    # error is the only line.
+    wrong = ["-m", "examples.cifar10.train", "--train_dir=%s" % (tmp_path / "run"),
+             "--model=vgg16"]
+    completed = _python(wrong)
+    assert completed.returncode == 2
+    assert completed.stderr.splitlines() == [
+        "error: --model=vgg16: Unknown model 'vgg16'. Choose one of convnet, resnet20, "
+        "resnet32, resnet44, resnet56, resnet110 (any resnet depth 6n+2 works, e.g. "
+        "resnet8 for quick tests)."], completed.stderr
     # A level the user set, any level, turns the filter off: everything shows again.
-    completed = _python(bad, _environ(TF_CPP_MIN_LOG_LEVEL="0"))
+    completed = _python(wrong, _environ(TF_CPP_MIN_LOG_LEVEL="0"))
     assert completed.returncode == 2
     assert "oneDNN custom operations are on" in completed.stderr
-    assert completed.stderr.splitlines()[-1].startswith("error: Unknown command line flag")
+    assert completed.stderr.splitlines()[-1].startswith("error: --model=vgg16: Unknown model")
 
 
 @pytest.mark.slow  # the scripts' help in fresh processes
@@ -216,16 +241,7 @@ def test_a_bad_flag_is_the_only_line_and_the_users_level_shows_tensorflows_lines
     ("export", "--help", "--export_dir"), ("main", "--helpfull", "--train_epochs"),
 ])
 def test_help_answers_before_tensorflow_loads(script, flag, listed):
-    probe = textwrap.dedent("""
-        import runpy, sys
-        sys.argv = ["%s", "%s"]
-        try:
-            runpy.run_module("examples.cifar10.%s", run_name="__main__", alter_sys=True)
-        except SystemExit as exit:
-            sys.stderr.write("exit %%s, tensorflow imported: %%s\\n"
-                             %% (exit.code, "tensorflow" in sys.modules))
-    """) % (script, flag, script)
-    completed = _python(["-c", probe], timeout=120)
+    completed = _python(["-c", _PROBE % ([script, flag], script)], timeout=120)
     assert completed.stderr == "exit 1, tensorflow imported: False\n", completed.stderr
     assert listed in completed.stdout  # the script's own flags, not just its docstring
     module = importlib.import_module("examples.cifar10." + script)
