@@ -26,7 +26,8 @@ def _optimizer(kind):
 
 def _model_variables():
     return [v for v in helpers.model_variables()
-            if "Adam" not in v.op.name and not v.op.name.endswith("_power")]
+            if "Adam" not in v.op.name and not v.op.name.endswith("_power")
+            and not v.op.name.startswith("loss_scale")]
 
 
 def run(model_fn, batch, optimizer_kind, num_towers, accumulation_steps, steps=5,

@@ -92,6 +92,7 @@ class LoopResult:
       records: TowerRecords with one batch-norm entry per layer and tower
         (pooled over the micro-batches) and one scalar per tower.
       weight_terms, weighted_activity: for StepObjective.use_totals.
+      variables: the step-local variables the sums are kept in.
     """
 
     towers: List[Any]
@@ -100,6 +101,7 @@ class LoopResult:
     records: TowerRecords
     weight_terms: List[tf.Tensor]
     weighted_activity: List[tf.Tensor]
+    variables: tuple = ()
 
 
 def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
@@ -253,5 +255,6 @@ def _totals(micro, state, stacks):
                                state.read(("scalar", name, position)) / shares[tower_index])
     activity = [state.read(("activity",))] if micro.weighted_activity else []
     weight_terms = [state.read(("weight_terms",))] if micro.weight_terms else []
-    return LoopResult(towers, shares, grads_and_vars, records, weight_terms, activity)
+    return LoopResult(towers, shares, grads_and_vars, records, weight_terms, activity,
+                      state.variables())
 

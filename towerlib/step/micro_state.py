@@ -115,6 +115,10 @@ class StepState:
                     name=f"keep_tower_{tower_index}"))
         return written
 
+    def variables(self):
+        """Every variable kept, in the order asked for."""
+        return tuple(v for kept in self._kept.values() for v in kept.variables)
+
     def read(self, key) -> tf.Tensor:
         """The kept value (call after the loop, under its control dependency)."""
         return self._read(key)[0]
