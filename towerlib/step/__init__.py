@@ -11,7 +11,9 @@ The package, one job per module:
   loss_terms.py   the TF 1 'losses' convention: weight decay inside a tower's loss
   towers.py       the tower function built once per device, variables shared
   context.py      TowerContext (passed explicitly) and TowerRecords
-  accumulation.py micro-batches: k per tower and optimizer step
+  accumulation.py micro-batches: the split of one step's global batch, per tower
+  micro_loop.py   accumulation: the towers built once, run k times in a loop
+  micro_state.py  values kept across micro-batches, in step-local variables
   apply.py        the one apply, under the chosen batch-norm updates, and the EMA
   train_graph.py  TrainGraph, what the build returns; ema_restore_map
   evaluation.py   build_eval_graph: metrics on every tower, exact over uneven shards
