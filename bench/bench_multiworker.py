@@ -40,25 +40,20 @@ for MultiWorkerMirroredStrategy's plain loop, the session.run itself), and
 CPU seconds per step of all the configuration's processes together (the ps
 task included), read from /proc.
 
-Processes: every port is a free one found at start; every process is in its
-own process group, dies with this one (PR_SET_PDEATHSIG), is waited for at
-most --reply_timeout seconds per reply, and is killed at the end, or by a
-watchdog once --time_limit seconds have passed.
+Processes (bench/bench_multiworker_processes.py): every port is a free one found at
+start; every process is in its own process group, dies with this one
+(PR_SET_PDEATHSIG), is waited for at most --reply_timeout seconds per reply, and
+is killed at the end, or by a watchdog once --time_limit seconds have passed.
 
 Not a test: the numbers depend on the machine and on whatever else it runs.
 On one machine the "network" is the loopback interface and every process
 shares the same cores.
 """
 
-import ctypes
 import json
 import os
-import select
 import shlex
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -69,6 +64,7 @@ from absl import app, flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from bench import bench_multiworker_processes as processes  # noqa: E402
 from bench import coordinator  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -124,170 +120,6 @@ CONFIG_KEYS = [c.key for c in CONFIGS]
 LOSS_CHECKS = [("mwms_2x1", "allreduce_2x1"), ("allreduce_2x2", BASELINE),
                ("ps_2x2", BASELINE)]
 
-_PR_SET_PDEATHSIG = 1
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-except OSError:
-    _LIBC = None
-
-
-def _die_with_parent():
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-
-def free_ports(count):
-    """`count` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-# Every process started, for the watchdog.
-_STARTED = []
-
-
-class ProcessError(RuntimeError):
-    """A process replied with an error, exited, or did not reply in time."""
-
-
-class Proc:
-    """One bench.multiworker_proc process: JSON job in, JSON lines out."""
-
-    def __init__(self, name, job, log_path):
-        self.name, self.log_path = name, log_path
-        env = dict(os.environ)
-        env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env.pop("TF_CONFIG", None)
-        self._log = open(log_path, "w", encoding="utf-8")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.multiworker_proc", json.dumps(job)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
-            cwd=REPO_ROOT, start_new_session=True, preexec_fn=_die_with_parent)
-        self._buffer = b""
-        _STARTED.append(self)
-
-    def send(self, message):
-        try:
-            self.process.stdin.write((json.dumps(message) + "\n").encode())
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            raise ProcessError(f"{self.name} exited ({self.process.poll()}); see "
-                               f"{self.log_path}") from None
-
-    def receive(self, timeout):
-        """The next JSON reply; ProcessError on an error reply, an exit or a timeout."""
-        deadline = time.monotonic() + timeout
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ProcessError(f"{self.name} did not reply within {timeout:.0f} s; "
-                                   f"see {self.log_path}")
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise ProcessError(f"{self.name} exited ({self.process.wait()}) "
-                                       f"without replying; see {self.log_path}")
-                self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        message = json.loads(line)
-        if "error" in message:
-            raise ProcessError(f"{self.name}: {message['error']} (see {self.log_path})")
-        return message
-
-    def cpu_seconds(self):
-        """User + system CPU seconds of the process so far (its threads included)."""
-        try:
-            with open(f"/proc/{self.process.pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return 0.0
-
-    def kill_group(self):
-        """SIGKILLs the process's group (it and anything it started)."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    def kill(self):
-        self.kill_group()  # the group too when the process itself has already exited
-        self.process.wait()
-        self._log.close()
-
-
-class Running:
-    """The processes of one configuration."""
-
-    def __init__(self, config, workers, ps):
-        self.config, self.workers, self.ps = config, workers, ps
-
-    @property
-    def all(self):
-        return self.workers + self.ps
-
-    def cpu_seconds(self):
-        return sum(p.cpu_seconds() for p in self.all)
-
-    def run(self, steps, timeout):
-        """Runs `steps` steps on every worker; (step seconds, global losses, CPU seconds)."""
-        cpu_before = self.cpu_seconds()
-        for proc in self.workers:
-            proc.send({"command": "run", "steps": steps})
-        replies = [proc.receive(timeout) for proc in self.workers]
-        cpu = self.cpu_seconds() - cpu_before
-        seconds = [max(step) for step in zip(*(r["seconds"] for r in replies))]
-        run_seconds = [max(step) for step in zip(*(r["run_seconds"] for r in replies))]
-        losses = global_losses(self.config, [r["losses"] for r in replies])
-        return seconds, run_seconds, losses, cpu
-
-
-def global_losses(config, per_worker):
-    """Each step's loss over the global batch, from what each worker reported.
-
-    towerlib's all-reduce and one process report the global mean (the
-    workers' values must be identical); each parameter-server worker its own
-    batch's mean (equal shares: their mean is the global one); each
-    MultiWorkerMirroredStrategy worker the sum of its replicas' loss * n_i / B
-    (their sum is the global mean).
-    """
-    steps = list(zip(*per_worker))
-    if config.loss == "first":
-        for values in steps:
-            if len(set(values)) != 1:
-                raise ProcessError(f"{config.key}: the workers' losses differ: {values}")
-        return [values[0] for values in steps]
-    if config.loss == "mean":
-        return [sum(values) / len(values) for values in steps]
-    return [sum(values) for values in steps]
-
-
-def start_config(config, common, log_dir):
-    """Starts a configuration's processes (they build, then wait before step 1)."""
-    worker_ports = free_ports(config.workers)
-    ps_ports = free_ports(1) if config.ps else []
-    job = dict(common, worker_ports=worker_ports, ps_ports=ps_ports,
-               workers=config.workers, towers=config.towers,
-               train_dir=os.path.join(log_dir, f"train_{config.key}"))
-    ps = [Proc(f"{config.key}/ps0", dict(job, role="ps", job_name="ps", task=0),
-               os.path.join(log_dir, f"{config.key}_ps0.log"))] if config.ps else []
-    workers = [Proc(f"{config.key}/worker{r}",
-                    dict(job, role=config.role, job_name="worker", task=r),
-                    os.path.join(log_dir, f"{config.key}_worker{r}.log"))
-               for r in range(config.workers)]
-    return Running(config, workers, ps)
-
-
 def median_range(values):
     return statistics.median(values), min(values), max(values)
 
@@ -299,7 +131,7 @@ def measure(configs, common, log_dir, warmup, repeats, steps, segment_warmup,
     try:
         for config in configs:
             started = time.perf_counter()
-            running[config.key] = run = start_config(config, common, log_dir)
+            running[config.key] = run = processes.start_config(config, common, log_dir)
             ready = [proc.receive(reply_timeout) for proc in run.workers]
             progress(f"{config.key}: ready in {time.perf_counter() - started:.1f} s "
                      f"(graph built in {max(r['build_seconds'] for r in ready):.1f} s)")
@@ -428,7 +260,7 @@ def main(argv):
     # Every process is killed once the time limit is spent, whatever state it is in.
     def time_is_up():
         progress(f"TIME LIMIT of {FLAGS.time_limit:.0f} s reached: killing every process")
-        for proc in list(_STARTED):
+        for proc in list(processes.STARTED):
             proc.kill_group()
         os._exit(3)
 
