@@ -1,17 +1,39 @@
 """Fixtures shared by the test modules: the processes a test starts, always stopped;
-and the order in which pytest-xdist's workers get the tests (the longest first).
+the order in which pytest-xdist's workers get the tests (the longest first); and
+TensorFlow's import without the garbage collector in every test process.
 
 Here rather than in the repository's conftest.py, which sets up what every
 run needs (quiet TensorFlow, the repository importable): these fixtures are
 for tests only, next to tests/helpers.py, and load only when tests are collected.
 """
 
+import gc
+import importlib.util
 import os
 
 import pytest
 
 from tests.distributed_processes import ProcessGroup
 from tests.fault_scripts.runner import ProcessPool
+
+# TensorFlow's import with the garbage collector paused, then its objects frozen (see
+# tests/process_site/sitecustomize.py): in this process, and, through PYTHONPATH, in every
+# Python process a test starts. Loaded by path: the folder is no package.
+PROCESS_SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "process_site")
+if PROCESS_SITE_DIR not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [PROCESS_SITE_DIR, os.environ.get("PYTHONPATH")]))
+_spec = importlib.util.spec_from_file_location(
+    "tests_process_site", os.path.join(PROCESS_SITE_DIR, "sitecustomize.py"))
+_process_site = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_process_site)  # installs the finder, unless one is there
+
+
+def pytest_collection_finish(session):
+    """The test modules and what they imported, frozen as TensorFlow was: the full
+    collections during the tests walk only what the tests make."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture

@@ -235,13 +235,19 @@ def event_scalars(log_dir):
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def python_path(first=REPO_ROOT):
+    """PYTHONPATH for a process a test starts: `first`, then this process's PYTHONPATH,
+    which holds tests/process_site (TensorFlow's import without the garbage collector,
+    tests/conftest.py)."""
+    return os.pathsep.join(filter(None, [str(first), os.environ.get("PYTHONPATH")]))
+
+
 def run_python_script(script, timeout_secs=120):
     """Runs `script` in a fresh Python process bounded by `timeout_secs`.
 
     For tests of runs that could hang: a hang kills the child, not the suite.
     """
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-               PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=python_path())
     return subprocess.run(
         [sys.executable, "-c", script], capture_output=True, check=False, text=True,
         timeout=timeout_secs, env=env, cwd=REPO_ROOT)

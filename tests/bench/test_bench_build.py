@@ -15,6 +15,7 @@ import pytest
 
 from bench import bench_build
 from bench.bench_build import Config, Result
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_a_batch_too_small_for_the_micro_batches_is_not_run():
 
 
 def _run(*args, timeout=120):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run([sys.executable, "-m", "bench.bench_build", *args], cwd=ROOT,
                             env=env, capture_output=True, text=True, timeout=timeout,
                             check=False)

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests import helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROWS = ["one process, 4 towers",
         "towerlib all-reduce, 2 workers x 2 towers",
@@ -42,7 +44,7 @@ def _processes_left(log_dir):
 
 @pytest.mark.slow  # starts 10 TensorFlow processes (~2-5 minutes on 2 shared cores)
 def test_multiworker_benchmark_checks_losses_and_prints_every_configuration(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
                CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CONFIG", None)
     log_dir = tmp_path / "logs"

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from bench import configs, coordinator, measure, report, run_results, targets
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE_TOWERS = 2
@@ -32,7 +33,7 @@ MAY_BE_UNAVAILABLE = {(configs.TOWERLIB, "sync")}
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_smoke")
     markdown, raw = out / "BENCHMARKS.md", out / "results.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--smoke", f"--models={SMOKE_MODEL}",
          f"--towers={SMOKE_TOWERS}", f"--output={markdown}", f"--json_output={raw}",
@@ -149,7 +150,7 @@ def test_report_marks_a_missed_target():
 @pytest.mark.slow  # runs bench/bench_bn_modes.py in a fresh process
 def test_bn_mode_benchmark_prints_every_mode_and_ratio():
     """bench/bench_bn_modes.py, the evidence for sync's cost, keeps running."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "bench/bench_bn_modes.py", "--towers=2", "--model=convnet",
          "--global_batch=8", "--warmup_steps=1", "--repetitions=2", "--steps_per_repetition=1"],

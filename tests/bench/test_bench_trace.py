@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tests import helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NUMBER = r"(\d+\.\d+)"
 
@@ -22,7 +24,7 @@ def _cells(stdout, label_start):
 
 @pytest.mark.slow  # builds four graphs and starts three run_training loops (~12 s)
 def test_trace_benchmark_prints_both_ratios_with_their_middle_half():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "bench/bench_trace.py", "--towers=2", "--model=resnet8",
          "--global_batch=8", "--warmup_steps=1", "--repetitions=2",

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests import helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VARIANTS = ["parameter_server", "replicated/graph", "replicated/graph/unpacked",
             "replicated/collective"]
@@ -17,7 +19,7 @@ VARIANTS = ["parameter_server", "replicated/graph", "replicated/graph/unpacked",
 
 @pytest.mark.slow  # runs bench/bench_variable_update.py in a fresh process (~15 s)
 def test_variable_update_benchmark_prints_every_variant_and_the_transport():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "bench/bench_variable_update.py", "--towers=2",
          "--transport_towers=2", "--model=resnet8", "--global_batch=8", "--warmup_steps=1",

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests import helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -18,5 +20,6 @@ def test_porting_guide_code_runs():
     result = subprocess.run(
         [sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, capture_output=True,
         text=True, timeout=300,
-        env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin"})
+        env={"PYTHONPATH": helpers.python_path(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
+             "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-3000:]

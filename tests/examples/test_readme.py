@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests import helpers
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -17,7 +19,7 @@ def test_readme_api_example_runs():
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-        timeout=300, env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
+        timeout=300, env={"PYTHONPATH": helpers.python_path(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
                           "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "global_step 20" in result.stdout

@@ -24,8 +24,9 @@ class TrainingProcess:
     """One script run; its stdout+stderr lines are kept in order."""
 
     def __init__(self, script, args):
-        env = dict(os.environ, PYTHONPATH=REPO_ROOT, PYTHONUNBUFFERED="1",
-                   TF_CPP_MIN_LOG_LEVEL="2")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                   PYTHONPATH=os.pathsep.join(
+                       filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")])))
         self.args = [str(a) for a in args]
         self.process = subprocess.Popen(
             [sys.executable, script, *self.args], stdout=subprocess.PIPE,
