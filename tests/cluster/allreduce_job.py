@@ -115,9 +115,7 @@ def run(args):
             train = towerlib.build_train_graph(
                 model, input_fn, optimizer(args.optimizer), num_towers=args.towers,
                 device_type="cpu", **options)
-        own_sums = {v.op.name for v in train.accumulation_variables}  # each worker's own
-        variables = [v for v in tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
-                     if v.op.name not in own_sums]
+        variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         with tf.compat.v1.Session(target, config=config) as session:
             train.initialize(session)
             if args.role == "worker" and args.task == 0:

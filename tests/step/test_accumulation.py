@@ -176,10 +176,12 @@ def test_the_towers_are_built_once_in_a_loop_that_runs_one_micro_batch_at_a_time
         assert not [op.name for op in graph.get_operations() if "tower_1/" in op.name
                     and op.type in ("Conv2D", "MatMul")]
         body = graph._get_function(loop.get_attr("body").name)  # pylint: disable=protected-access
-        # The counter's next value waits for each tower's writes (one tf.cond per device).
-        waits = {i.split("/")[0] for node in body.definition.node_def
-                 if node.name.startswith("add") for i in node.input if i.startswith("^")}
-        assert {"^keep_tower_0", "^keep_tower_1"} <= waits, waits
+        # The counter's next value waits for every tower's writes, each on its tower's device.
+        nodes = {node.name: node for node in body.definition.node_def}
+        waits = {i[1:] for node in nodes.values() if node.name.startswith("add")
+                 for i in node.input if i.startswith("^")}
+        written = {(nodes[name].op, nodes[name].device) for name in waits}
+        assert {("AssignAddVariableOp", f"/device:CPU:{i}") for i in (0, 1)} <= written, written
         assert train.tower_outputs[0] == {}
 
 

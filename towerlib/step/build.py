@@ -127,7 +127,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
             objective.weight_terms, objective.weighted_activity[activity_before:],
             apply_step.user_update_ops(towers, options.bn_mode))
 
-    accumulation_variables = ()
+    accumulation_buffers = ()
     if options.accumulation_steps == 1:
         micro = build_micro_batch(inputs)
         records, tower_grads_and_vars = micro.records, micro.grads_and_vars
@@ -137,7 +137,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         objective.use_totals(totals.towers, totals.shares, totals.weight_terms,
                              totals.weighted_activity)
         records, tower_grads_and_vars = totals.records, totals.grads_and_vars
-        accumulation_variables = totals.variables
+        accumulation_buffers = totals.buffers
     var_list = chosen_vars
 
     _check_exchanges(reducer)  # the backward exchanges
@@ -177,7 +177,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         numerics_guards=tuple(guards.guards_in(optimizer)),
         variable_update=variable_update.name, variable_copies=variable_update.copies,
         sync_copies_op=variable_update.sync_op(), loss_scale=loss_scale,
-        broadcast_op=broadcast_op, accumulation_variables=accumulation_variables)
+        broadcast_op=broadcast_op, accumulation_buffers=accumulation_buffers)
 
 
 def _global_step_for(global_step, param_device, host):

@@ -15,22 +15,21 @@ data position in the middle of one). Collectives in the body (sync batch
 norm) pair up per iteration: TensorFlow keys their executions by loop frame
 and iteration as well as by instance key.
 
-What crosses iterations is kept in step-local variables (LOCAL_VARIABLES,
-never saved), each on the device of the tower that fills it, created while
-the body is built (the loop's structure is not known before):
+What crosses iterations is kept in step-local buffers (towerlib.step.
+micro_state: bare resources on the device of the tower that fills them,
+never saved), made while the body is built (the loop's structure is not
+known before) and zeroed before the loop, every step:
 
-    gradients          per tower and dense gradient, one buffer (the
-                       gradient's dtype, float32 for float32 variables);
-                       sparse gradients as their rows and indices, appended
+    gradients          per tower and dense gradient, a buffer added to in
+                       place; sparse gradients as their rows and indices
     batch-norm moments per layer and tower: (count, mean, variance), pooled
                        micro-batch by micro-batch with Chan's formula
     losses             per tower sum_j (n_ji / B) loss_ji and sum_j n_ji / B;
                        the weighted activity terms; the weights' terms
     tower scalars      per tower sum_j (n_ji / B) value_ji
 
-Micro-batch 0 assigns, later ones combine: nothing needs zeroing, and a step
-cut short leaves nothing the next one reads. Micro-batch j + 1 starts after
-every write of micro-batch j (the counter waits for them, and
+A step cut short leaves nothing the next one reads. Micro-batch j + 1
+starts after every write of micro-batch j (the counter waits for them, and
 parallel_iterations=1), so one micro-batch's activations are alive at a
 time. Ops the tower function adds to UPDATE_OPS run once per step, with
 micro-batch 0 (a copy of each in a branch taken at j = 0).
@@ -55,6 +54,9 @@ from towerlib.step.context import TowerRecords
 from towerlib.step.micro_state import StepState
 
 __all__ = ["LoopResult", "MicroBatch", "accumulate"]
+
+# Gradients of at least this many elements (256 KB in float32) get a buffer each.
+_OWN_BUFFER_MIN_ELEMENTS = 1 << 16
 
 
 @dataclasses.dataclass
@@ -92,7 +94,7 @@ class LoopResult:
       records: TowerRecords with one batch-norm entry per layer and tower
         (pooled over the micro-batches) and one scalar per tower.
       weight_terms, weighted_activity: for StepObjective.use_totals.
-      variables: the step-local variables the sums are kept in.
+      buffers: the resource handles of the step-local buffers the sums are kept in.
     """
 
     towers: List[Any]
@@ -101,7 +103,7 @@ class LoopResult:
     records: TowerRecords
     weight_terms: List[tf.Tensor]
     weighted_activity: List[tf.Tensor]
-    variables: tuple = ()
+    buffers: tuple = ()
 
 
 def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
@@ -123,7 +125,7 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
         weight_gate = tf.cast(is_first, tf.float32)
         micro = build_micro_batch(lambda ctx: stacks[ctx.index].micro_batch(index),
                                   weight_gate)
-        state = StepState(is_first, devices)
+        state = StepState(devices)
         _keep_gradients(state, micro.grads_and_vars)
         _keep_losses(state, micro)
         _keep_statistics(state, micro.records, devices)
@@ -152,7 +154,11 @@ def _keep_gradients(state, grads_and_vars):
                 state.append(key + ("values",), gradient.values, tower_index)
                 state.append(key + ("indices",), gradient.indices, tower_index)
             else:
-                state.add(key, gradient, tower_index, static_shape=variable.shape)
+                # A large gradient is added into a buffer of its own, in place; small
+                # ones are packed into one (a copy of little, and fewer buffers).
+                size = variable.shape.num_elements() or 0
+                state.add(key, gradient, tower_index, static_shape=variable.shape,
+                          own_buffer=size >= _OWN_BUFFER_MIN_ELEMENTS)
 
 
 def _keep_losses(state, micro):
@@ -162,7 +168,7 @@ def _keep_losses(state, micro):
     if micro.weighted_activity:
         state.add(("activity",), tf.add_n(micro.weighted_activity), 0)
     if micro.weight_terms:
-        state.keep_first(("weight_terms",), tf.add_n(micro.weight_terms), 0)
+        state.keep_last(("weight_terms",), tf.add_n(micro.weight_terms), 0)
 
 
 def _keep_statistics(state, records, devices):
@@ -256,5 +262,5 @@ def _totals(micro, state, stacks):
     activity = [state.read(("activity",))] if micro.weighted_activity else []
     weight_terms = [state.read(("weight_terms",))] if micro.weight_terms else []
     return LoopResult(towers, shares, grads_and_vars, records, weight_terms, activity,
-                      state.variables())
+                      state.buffers())
 

@@ -1,30 +1,29 @@
-"""Values kept across the micro-batches of one step, in step-local variables.
+"""Values kept across the micro-batches of one step, in step-local buffers.
 
 The accumulation loop's body (towerlib.step.micro_loop) is built once; what
 one iteration hands to the next (summed gradients, pooled batch-norm
 moments, loss totals) is known only while it is built, so it cannot be the
-loop's carried tensors, which are fixed before. It is kept in variables
-instead, made here as the body asks for them:
+loop's carried tensors, which are fixed before. It is kept in resource
+buffers instead, made here as the body asks for them:
 
-- created outside the loop (tf.init_scope), in LOCAL_VARIABLES (never
-  saved), on the device of the tower whose values they hold;
-- packed: per device, every summed value of one dtype is one flat buffer
-  (a model's gradients are one variable, not one per weight), and every
-  pooled batch-norm moment one set of (counts, means, variances) vectors,
-  pooled channel by channel with Chan's formula; only appended values
-  (sparse gradients' rows) have a variable each. Packing is what keeps the
-  build near k = 1's: a variable, an assign and a read per weight per tower
-  cost about as much as the towers;
-- micro-batch 0 assigns, later micro-batches combine, so the first read of
-  a step is after its first write: nothing is zeroed and nothing of an
-  earlier, interrupted step is read;
-- all of one device's writes are one tf.cond on "is this micro-batch 0",
-  whose branches hold that device's assigns: a write never moves a value
-  to another device.
+- each on the device of the tower whose values it holds, made outside the
+  loop (tf.init_scope) as a bare resource (tf.raw_ops.VarHandleOp): not a
+  tf.Variable, so not in any collection, never saved, never initialized
+  (a tf.Variable costs a few milliseconds to build, a handle next to nothing);
+- set to zero before the loop, every step: the loop's counter reads a
+  token that waits for the resets, so a step starts from zeros whatever an
+  earlier step cut short left behind;
+- a large gradient has a buffer of its own, added to in place (its memory:
+  the buffer and the micro-batch's gradient); small values are packed per
+  device into one vector (small gradients, the losses, tower scalars: fewer
+  buffers, and the copy that packing costs is small), and every batch-norm
+  moment into one set of (counts, means, variances) vectors, pooled channel
+  by channel with Chan's formula. From zeros the first micro-batch's
+  pooling is exact: weights 0 and n / n = 1.
 
-    state = StepState(is_first, devices)
+    state = StepState(devices)
     state.add(("loss", 0), weighted_loss, tower_index=0)
-    writes = state.write()             # the loop's counter waits for these
+    writes = state.write()   # in the body: the loop's counter waits for these
     # after the loop, under its control dependency:
     total = state.read(("loss", 0))
 """
@@ -41,42 +40,79 @@ __all__ = ["StepState"]
 @dataclasses.dataclass
 class _Entry:
     key: Any
-    kind: str            # 'sum', 'append', 'first' or 'pool'
+    kind: str            # 'own' (a buffer of its own), 'sum' (packed), 'append', 'last', 'pool'
     values: List[tf.Tensor]
     shapes: List[tf.TensorShape]
 
 
+class _Buffer:
+    """A resource holding one tensor, on one device, reset to `zeros` before each loop."""
+
+    def __init__(self, shape, dtype, device, name, zeros_by_dtype):
+        self.shape, self.dtype, self.device = tf.TensorShape(shape), tf.as_dtype(dtype), device
+        with tf.device(device), tf.init_scope():
+            unique = tf.compat.v1.get_default_graph().unique_name(f"accumulation/{name}")
+            self.handle = tf.raw_ops.VarHandleOp(
+                dtype=self.dtype, shape=self.shape, shared_name=unique, name=unique)
+            if self.dtype not in zeros_by_dtype:  # one scalar zero per build and dtype
+                zeros_by_dtype[self.dtype] = tf.constant(0, self.dtype, name="zero")
+            zeros = tf.fill([d if d is not None else 0 for d in self.shape.as_list()],
+                            zeros_by_dtype[self.dtype])
+            self.reset = tf.raw_ops.AssignVariableOp(resource=self.handle, value=zeros)
+
+    def read(self):
+        with tf.device(self.device):
+            value = tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.dtype)
+        value.set_shape(self.shape)
+        return value
+
+    def assign(self, value):
+        return tf.raw_ops.AssignVariableOp(resource=self.handle, value=value)
+
+    def assign_add(self, value):
+        return tf.raw_ops.AssignAddVariableOp(resource=self.handle, value=value)
+
+
+def _write(entry, buffer):
+    """One micro-batch's write of an 'own', 'last' or 'append' entry."""
+    value = entry.values[0]
+    if entry.kind == "own":
+        return buffer.assign_add(value)
+    if entry.kind == "append":
+        return buffer.assign(tf.concat([buffer.read(), value], axis=0))
+    return buffer.assign(value)
+
+
 class StepState:
-    """Step-local variables written once per micro-batch, read after the loop.
+    """Step-local buffers written once per micro-batch, read after the loop.
 
     Args:
-      is_first: bool scalar of the body, whether this is micro-batch 0.
       devices: the towers' devices; a value of tower i lives on devices[i].
     """
 
-    def __init__(self, is_first, devices):
-        self._is_first = is_first
+    def __init__(self, devices):
         self._devices = list(devices)
         self._entries = collections.OrderedDict()   # key -> (tower index, _Entry)
+        self._buffers = []
+        self._zeros = {}                            # dtype -> scalar zero, for the resets
         self._reads = {}                            # key -> [tensor], after the loop
-        self._variables = []
-        self._readers = []                          # functions filling _reads
+        self._readers = []
 
-    def add(self, key, value, tower_index, static_shape=None):
-        """Keeps sum_j value_j (a tensor of a shape known while building)."""
+    def add(self, key, value, tower_index, static_shape=None, own_buffer=False):
+        """Keeps sum_j value_j (a shape known while building); `own_buffer` for large ones."""
         shape = value.shape if value.shape.is_fully_defined() else tf.TensorShape(static_shape)
         if not shape.is_fully_defined():
             raise ValueError(f"StepState.add({key!r}): shape {shape} is not known.")
-        self._keep(key, "sum", [value], [shape], tower_index)
+        self._keep(key, "own" if own_buffer else "sum", [value], [shape], tower_index)
 
     def append(self, key, value, tower_index):
         """Keeps every micro-batch's `value` concatenated along axis 0 (sparse rows)."""
         self._keep(key, "append", [value],
                    [tf.TensorShape([None]).concatenate(value.shape[1:])], tower_index)
 
-    def keep_first(self, key, value, tower_index):
-        """Keeps micro-batch 0's `value` (the same in every micro-batch)."""
-        self._keep(key, "first", [value], [value.shape], tower_index)
+    def keep_last(self, key, value, tower_index):
+        """Keeps `value` as the last micro-batch wrote it (one the same in every micro-batch)."""
+        self._keep(key, "last", [value], [value.shape], tower_index)
 
     def pool(self, key, statistics, tower_index):
         """Keeps the pooled (count, mean [C], variance [C]) of a BatchNormStatistics."""
@@ -85,30 +121,32 @@ class StepState:
         shapes = [tf.TensorShape([1]), statistics.mean.shape, statistics.variance.shape]
         self._keep(key, "pool", values, shapes, tower_index)
 
-    def write(self) -> List[tf.Tensor]:
-        """One cond per device: assign at micro-batch 0, combine after. Returns their outputs."""
-        written = []
+    def write(self) -> List[tf.Operation]:
+        """The body's writes of every kept value, each after a read of the resets' token.
+
+        The token is a tensor of the graph around the loop that waits for
+        every buffer's reset; the body reads it (making it an input of the
+        loop) and every write and read of a buffer waits for that read, so
+        the resets run before the first micro-batch touches a buffer.
+        """
+        emitters = []
         for tower_index in sorted({index for index, _ in self._entries.values()}):
-            device = self._devices[tower_index]
             entries = [e for index, e in self._entries.values() if index == tower_index]
-            with tf.device(device):
-                stores = self._stores(entries, tower_index)
+            with tf.device(self._devices[tower_index]):
+                emitters.extend(self._emitters(entries, tower_index))
+        with tf.init_scope():
+            with tf.control_dependencies([b.reset for b in self._buffers]):
+                token = tf.constant(0, name="accumulation_buffers_reset")
+        writes = []
+        with tf.control_dependencies([tf.identity(token)]):
+            for device, emit in emitters:
+                with tf.device(device):
+                    writes.extend(emit())
+        return writes
 
-                def branch(first, stores=stores):
-                    updates = []
-                    for store in stores:
-                        updates.extend(store(first))
-                    with tf.control_dependencies(updates):
-                        return tf.constant(True)
-
-                written.append(tf.cond(self._is_first, lambda b=branch: b(True),
-                                       lambda b=branch: b(False),
-                                       name=f"keep_tower_{tower_index}"))
-        return written
-
-    def variables(self):
-        """Every variable made, in order."""
-        return tuple(self._variables)
+    def buffers(self):
+        """The resource handles of every buffer, in order."""
+        return tuple(buffer.handle for buffer in self._buffers)
 
     def read(self, key) -> tf.Tensor:
         """The kept value (call after the loop, under its control dependency)."""
@@ -126,121 +164,83 @@ class StepState:
             raise ValueError(f"StepState: {key!r} is kept twice.")
         self._entries[key] = (tower_index, _Entry(key, kind, values, shapes))
 
-    def _variable(self, shape, dtype, tower_index, name):
-        with tf.device(self._devices[tower_index]), tf.init_scope():
-            known = shape.is_fully_defined()
-            variable = tf.compat.v1.Variable(
-                tf.zeros(shape.as_list() if known else [0] * max(shape.rank or 1, 1), dtype),
-                trainable=False, name=name, use_resource=True,
-                collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
-                validate_shape=known, shape=shape if known else tf.TensorShape(None))
-        self._variables.append(variable)
-        return variable
+    def _buffer(self, shape, dtype, tower_index, name):
+        buffer = _Buffer(shape, dtype, self._devices[tower_index], name, self._zeros)
+        self._buffers.append(buffer)
+        return buffer
 
-    def _stores(self, entries, tower_index):
-        """Functions first -> assign ops, one per packed variable of this device."""
-        stores = []
-        by_dtype = collections.OrderedDict()
+    def _emitters(self, entries, tower_index):
+        """(device, function making the writes) per buffer: buffers now, writes later."""
+        device = self._devices[tower_index]
+        emitters = []
+        packed = collections.OrderedDict()
         for entry in entries:
-            if entry.kind in ("sum", "first"):
-                by_dtype.setdefault((entry.kind, entry.values[0].dtype), []).append(entry)
-            elif entry.kind == "append":
-                stores.append(self._append_store(entry, tower_index))
-        for (kind, dtype), group in by_dtype.items():
-            stores.append(self._flat_store(group, kind, dtype, tower_index))
+            value, shape = entry.values[0], entry.shapes[0]
+            if entry.kind in ("own", "last", "append"):
+                buffer = self._buffer(shape, value.dtype, tower_index,
+                                      "kept_rows" if entry.kind == "append" else "kept")
+                emitters.append((device, lambda e=entry, b=buffer: [_write(e, b)]))
+                self._readers.append(lambda e=entry, b=buffer: self._reads.__setitem__(
+                    e.key, [b.read()]))
+            elif entry.kind == "sum":
+                packed.setdefault(value.dtype, []).append(entry)
+        for dtype, group in packed.items():
+            emitters.append((device, self._packed_sum(group, dtype, tower_index)))
         pooled = [e for e in entries if e.kind == "pool"]
         if pooled:
-            stores.append(self._pool_store(pooled, tower_index))
-        return stores
+            emitters.append((device, self._pooled(pooled, tower_index)))
+        return emitters
 
-    def _flat_store(self, group, kind, dtype, tower_index):
+    def _packed_sum(self, group, dtype, tower_index):
         sizes = [int(e.shapes[0].num_elements()) for e in group]
-        buffer = self._variable(tf.TensorShape([sum(sizes)]), dtype, tower_index,
-                                f"kept_{kind}_{dtype.name}")
-
-        # Packed before the cond, so that its branches capture one tensor, not one per weight.
-        flat = tf.concat([tf.reshape(e.values[0], [-1]) for e in group], axis=0)
-
-        def store(first):
-            if first:
-                return [buffer.assign(flat, read_value=False)]
-            if kind == "first":
-                return []
-            return [buffer.assign_add(flat, read_value=False)]
+        buffer = self._buffer([sum(sizes)], dtype, tower_index, "kept_sums")
 
         def reader():
-            with tf.device(buffer.device):
-                parts = tf.split(buffer.read_value(), sizes)
-                for entry, part in zip(group, parts):
-                    self._reads[entry.key] = [tf.reshape(part, entry.shapes[0])]
+            parts = tf.split(buffer.read(), sizes)
+            for entry, part in zip(group, parts):
+                self._reads[entry.key] = [tf.reshape(part, entry.shapes[0])]
 
         self._readers.append(reader)
-        return store
+        return lambda: [buffer.assign_add(
+            tf.concat([tf.reshape(e.values[0], [-1]) for e in group], axis=0))]
 
-    def _append_store(self, entry, tower_index):
-        variable = self._variable(entry.shapes[0], entry.values[0].dtype, tower_index,
-                                  "kept_rows")
-
-        def store(first):
-            value = entry.values[0]
-            if not first:
-                value = tf.concat([variable.read_value(), value], axis=0)
-            return [variable.assign(value, read_value=False)]
-
-        def reader():
-            with tf.device(variable.device):
-                value = variable.read_value()
-            value.set_shape(entry.shapes[0])
-            self._reads[entry.key] = [value]
-
-        self._readers.append(reader)
-        return store
-
-    def _pool_store(self, pooled, tower_index):
+    def _pooled(self, pooled, tower_index):
         """(counts [L], means [sum C], variances [sum C]) of L batch-norm records.
 
         Chan's formula channel by channel, each channel weighted by its
-        layer's counts: the same arithmetic as
+        layer's counts: the arithmetic of
         towerlib.batchnorm.normalization.pooled_statistics on two shards.
         """
         channels = [int(e.shapes[1].num_elements()) for e in pooled]
-        counts_var = self._variable(tf.TensorShape([len(pooled)]), tf.float32, tower_index,
-                                    "kept_counts")
-        means_var = self._variable(tf.TensorShape([sum(channels)]), tf.float32, tower_index,
-                                   "kept_means")
-        variances_var = self._variable(tf.TensorShape([sum(channels)]), tf.float32,
-                                       tower_index, "kept_variances")
-
-        packed = [tf.concat([e.values[part] for e in pooled], axis=0) for part in range(3)]
-
-        def store(first):
-            counts, means, variances = packed
-            if not first:
-                old_counts = counts_var.read_value()
-                old_means, old_variances = means_var.read_value(), variances_var.read_value()
-                total = old_counts + counts
-                weights = tf.repeat(tf.stack([old_counts / total, counts / total], axis=1),
-                                    channels, axis=0)  # [sum C, 2]: each layer's per channel
-                old_weight, new_weight = weights[:, 0], weights[:, 1]
-                mean = old_weight * old_means + new_weight * means
-                variances = (old_weight * (old_variances + tf.square(old_means - mean))
-                             + new_weight * (variances + tf.square(means - mean)))
-                counts, means = total, mean
-            return [counts_var.assign(counts, read_value=False),
-                    means_var.assign(means, read_value=False),
-                    variances_var.assign(variances, read_value=False)]
+        counts_buffer = self._buffer([len(pooled)], tf.float32, tower_index, "kept_counts")
+        means_buffer = self._buffer([sum(channels)], tf.float32, tower_index, "kept_means")
+        variances_buffer = self._buffer([sum(channels)], tf.float32, tower_index,
+                                        "kept_variances")
+        def emit():
+            counts, means, variances = [tf.concat([e.values[part] for e in pooled], axis=0)
+                                        for part in range(3)]
+            old_counts, old_means = counts_buffer.read(), means_buffer.read()
+            old_variances = variances_buffer.read()
+            total = old_counts + counts
+            weights = tf.repeat(tf.stack([old_counts / total, counts / total], axis=1),
+                                channels, axis=0)  # [sum C, 2]: each layer's, per channel
+            old_weight, new_weight = weights[:, 0], weights[:, 1]
+            mean = old_weight * old_means + new_weight * means
+            variance = (old_weight * (old_variances + tf.square(old_means - mean))
+                        + new_weight * (variances + tf.square(means - mean)))
+            return [counts_buffer.assign(total), means_buffer.assign(mean),
+                    variances_buffer.assign(variance)]
 
         def reader():
-            with tf.device(counts_var.device):
-                counts = tf.split(counts_var.read_value(), len(pooled))
-                means = tf.split(means_var.read_value(), channels)
-                variances = tf.split(variances_var.read_value(), channels)
+            counts = tf.split(counts_buffer.read(), len(pooled))
+            means = tf.split(means_buffer.read(), channels)
+            variances = tf.split(variances_buffer.read(), channels)
             for entry, count, mean, variance in zip(pooled, counts, means, variances):
                 self._reads[entry.key] = [count, tf.reshape(mean, entry.shapes[1]),
                                           tf.reshape(variance, entry.shapes[2])]
 
         self._readers.append(reader)
-        return store
+        return emit
 
     def _read(self, key):
         if not self._reads:

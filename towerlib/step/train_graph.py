@@ -52,10 +52,10 @@ class TrainGraph:
         worker to the chief's values; every worker runs it once after
         initializing or restoring, before its first step (run_training
         does; `initialize` too). None on one machine.
-      accumulation_variables: with accumulation_steps > 1, the step-local
-        variables the loop keeps its sums in (LOCAL_VARIABLES, never saved,
-        rewritten by every step's first micro-batch); () otherwise. Not
-        model state: leave them out when comparing or exporting variables.
+      accumulation_buffers: with accumulation_steps > 1, the resource
+        handles of the step-local buffers the loop keeps its sums in (zeroed
+        at the start of every step; not variables: in no collection, never
+        saved or initialized); () otherwise.
     """
 
     train_op: tf.Operation
@@ -78,7 +78,7 @@ class TrainGraph:
     sync_copies_op: Any = None
     loss_scale: Any = None
     broadcast_op: Any = None
-    accumulation_variables: Tuple[Any, ...] = ()
+    accumulation_buffers: Tuple[Any, ...] = ()
 
     def initialize(self, session):
         """Initializes every variable for a plain Session (run_training needs none).
