@@ -106,7 +106,9 @@ class TowerContext:
         updates into the UPDATE_OPS collection, as plain TF 1 code expects).
       cross_tower: the build's cross-tower reducer for bn_mode='sync', else None.
       micro_batch: with gradient accumulation (accumulation_steps=k), which of
-        the step's k micro-batches this tower is building, 0..k-1; else 0.
+        the step's k micro-batches an input function is called for, 0..k-1;
+        else 0. The tower function is built once for every micro-batch (a
+        loop, towerlib.step.micro_loop) and sees 0.
     """
 
     index: int = 0

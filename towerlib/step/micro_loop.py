@@ -128,7 +128,7 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
         state = StepState(devices)
         _keep_gradients(state, micro.grads_and_vars)
         _keep_losses(state, micro)
-        _keep_statistics(state, micro.records, devices)
+        _keep_statistics(state, micro.records)
         _keep_scalars(state, micro.records, micro.shares)
         writes = state.write() + [_once(is_first, micro.update_ops)]
         built.update(micro=micro, state=state)
@@ -139,7 +139,7 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
         done = tf.compat.v1.while_loop(
             lambda index: index < accumulation_steps, body, [tf.constant(0)],
             parallel_iterations=1, back_prop=False, name="micro_batches")
-    _drop_summaries_built_inside(built["micro"])
+    _drop_summaries_built_inside()
     with tf.control_dependencies([done]):
         return _totals(built["micro"], built["state"], stacks)
 
@@ -171,11 +171,10 @@ def _keep_losses(state, micro):
         state.keep_last(("weight_terms",), tf.add_n(micro.weight_terms), 0)
 
 
-def _keep_statistics(state, records, devices):
+def _keep_statistics(state, records):
     for layer, entries in records.batch_norm.items():
         for position, statistics in enumerate(entries):
-            state.pool(("batch_norm", layer, position), statistics,
-                       devices.index(devices[statistics.tower_index]))
+            state.pool(("batch_norm", layer, position), statistics, statistics.tower_index)
 
 
 def _keep_scalars(state, records, shares):
@@ -204,7 +203,7 @@ def _once(is_first, update_ops):
     return tf.cond(is_first, run_copies, lambda: tf.constant(False), name="update_ops_once")
 
 
-def _drop_summaries_built_inside(micro):
+def _drop_summaries_built_inside():
     """Summaries the tower function wrote in the body cannot be fetched: dropped, said once."""
     key = tf.compat.v1.GraphKeys.SUMMARIES
     graph = tf.compat.v1.get_default_graph()
@@ -218,7 +217,6 @@ def _drop_summaries_built_inside(micro):
             "fetched). Use towerlib.tower_scalar(ctx, name, value) instead: it is "
             "averaged over the towers and micro-batches.", len(inside),
             getattr(inside[0], "name", inside[0]))
-    del micro
 
 
 def _totals(micro, state, stacks):
