@@ -111,3 +111,25 @@ def test_summaries_written_inside_the_tower_function_are_left_out_with_a_warning
             session.run(tf.compat.v1.global_variables_initializer())
             summary = tf.compat.v1.Summary.FromString(session.run([merged, train.train_op])[0])
         assert "loss" in {value.tag for value in summary.value}
+
+
+def test_a_traced_accumulated_step_counts_the_loops_ops_as_the_towers():
+    """The loop's body runs as 'accumulation/micro_batch_loop/body/_1/tower_i/...':
+    compute of tower i, its buffer writes tower i's aggregation (towerlib.trace)."""
+    with tf.Graph().as_default():
+        train = helpers.build_on_image_batch(2, tower_fn=helpers.conv_dense_model,
+                                             batch_size=8, accumulation_steps=2)
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(train.train_op, run_metadata=metadata, options=tf.compat.v1.RunOptions(
+                trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
+    names = [n.node_name for d in metadata.step_stats.dev_stats for n in d.node_stats]
+    convolutions = [n for n in names if n.endswith("Conv2DBackpropFilter") and "/body/" in n]
+    assert {towerlib.trace.phases.tower_index(n) for n in convolutions} == {0, 1}
+    assert {towerlib.trace.phases.classify(n, "Conv2DBackpropFilter")
+            for n in convolutions} == {"compute"}
+    writes = [n for n in names if "/accumulate_tower_" in n and "AssignAdd" in n]
+    assert writes and {towerlib.trace.phases.classify(n) for n in writes} == {"apply"}
+    profile = towerlib.trace.analyze_step(metadata, train.devices)
+    assert all(tower.compute_micros > 0 for tower in profile.towers)

@@ -138,7 +138,7 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     with tf.device(host_device), tf.name_scope("accumulation"):
         done = tf.compat.v1.while_loop(
             lambda index: index < accumulation_steps, body, [tf.constant(0)],
-            parallel_iterations=1, back_prop=False, name="micro_batches")
+            parallel_iterations=1, back_prop=False, name="micro_batch_loop")
     _drop_summaries_built_inside()
     with tf.control_dependencies([done]):
         return _totals(built["micro"], built["state"], stacks)

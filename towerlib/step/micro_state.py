@@ -139,9 +139,13 @@ class StepState:
                 token = tf.constant(0, name="accumulation_buffers_reset")
         writes = []
         with tf.control_dependencies([tf.identity(token)]):
-            for device, emit in emitters:
-                with tf.device(device):
-                    writes.extend(emit())
+            for tower_index in sorted({index for index, _ in emitters}):
+                # The scope makes a traced step count the writes as the tower's
+                # aggregation (towerlib.trace.phases).
+                with tf.device(self._devices[tower_index]), \
+                        tf.name_scope(f"accumulate_tower_{tower_index}"):
+                    for _, emit in [e for e in emitters if e[0] == tower_index]:
+                        writes.extend(emit())
         return writes
 
     def buffers(self):
@@ -170,8 +174,7 @@ class StepState:
         return buffer
 
     def _emitters(self, entries, tower_index):
-        """(device, function making the writes) per buffer: buffers now, writes later."""
-        device = self._devices[tower_index]
+        """(tower, function making the writes) per buffer: buffers now, writes later."""
         emitters = []
         packed = collections.OrderedDict()
         for entry in entries:
@@ -179,16 +182,16 @@ class StepState:
             if entry.kind in ("own", "last", "append"):
                 buffer = self._buffer(shape, value.dtype, tower_index,
                                       "kept_rows" if entry.kind == "append" else "kept")
-                emitters.append((device, lambda e=entry, b=buffer: [_write(e, b)]))
+                emitters.append((tower_index, lambda e=entry, b=buffer: [_write(e, b)]))
                 self._readers.append(lambda e=entry, b=buffer: self._reads.__setitem__(
                     e.key, [b.read()]))
             elif entry.kind == "sum":
                 packed.setdefault(value.dtype, []).append(entry)
         for dtype, group in packed.items():
-            emitters.append((device, self._packed_sum(group, dtype, tower_index)))
+            emitters.append((tower_index, self._packed_sum(group, dtype, tower_index)))
         pooled = [e for e in entries if e.kind == "pool"]
         if pooled:
-            emitters.append((device, self._pooled(pooled, tower_index)))
+            emitters.append((tower_index, self._pooled(pooled, tower_index)))
         return emitters
 
     def _packed_sum(self, group, dtype, tower_index):

@@ -34,6 +34,7 @@ its op type, by the first rule that matches:
 A tower's scope is a name part 'tower_<i>' or one ending '_tower_<i>' or
 containing '_tower_<i>_': 'tower_1/conv1/Conv2D',
 'micro_batch_0/tower_1/...', 'replicated/tower_1/...',
+'accumulation/micro_batch_loop/body/_1/tower_1/...' (the accumulation loop),
 'allreduce_gradients/allreduce_tower_1/...',
 'GradientDescent/update_replicated/tower_1/...'; the first such part names
 the tower.
