@@ -84,6 +84,20 @@ def _per_example(outputs, tower_index, batch_size):
     return outputs
 
 
+def _returning_a_dict(metric_fn):
+    """metric_fn, refusing at build time any result that is not a dict of metrics."""
+    def checked(inputs, ctx):
+        result = metric_fn(inputs, ctx)
+        if not isinstance(result, dict):
+            what = "a tf.Tensor" if isinstance(result, tf.Tensor) else type(result).__name__
+            raise TypeError(
+                f"metric_fn must return a dict of per-example tensors, {{name: [n] "
+                f"tensor}}; tower {ctx.index} returned {what}. Fix: return e.g. "
+                "{'correct': tf.cast(tf.equal(predictions, labels), tf.int32)}.")
+        return result
+    return checked
+
+
 def _total_dtype(dtype):
     return tf.float64 if dtype.is_floating else tf.int64
 
@@ -106,7 +120,7 @@ def build_eval_graph(metric_fn, inputs, *, num_towers=None, devices=None,
       An EvalGraph.
     """
     towers, _ = towers_lib.build_towers(
-        metric_fn, inputs, num_towers=num_towers, devices=devices,
+        _returning_a_dict(towers_lib.as_tower_fn(metric_fn)), inputs, num_towers=num_towers, devices=devices,
         device_type=device_type, is_training=False, bn_mode=bn_mode,
         reuse_variables=reuse_variables, require_loss=False, check_isolation=False)
     tower_metrics = [_per_example(t.outputs, t.context.index, t.context.batch_size)
