@@ -333,6 +333,8 @@ def parse_args(argv):
     parser.add_argument("--time_limit", type=float, default=DEFAULT_TIME_LIMIT,
                         help="seconds per configuration (build and first step) before "
                              "it is stopped and printed as 'over limit'")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved rounds; each metric is the median over them")
     parser.add_argument("--log_dir", default=None, help="keep each child's stderr here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -343,18 +345,41 @@ def main(argv=None) -> int:
     if args.child is not None:
         _child_main(json.loads(args.child))
         return 0
-    results = []
-    for config in configurations(args.towers, args.k, args.updates):
-        print(f"{config.label} ...", file=sys.stderr, flush=True)
-        result = run_config(config, model=args.model, global_batch=args.global_batch,
-                            first_step=not args.skip_first_step,
-                            time_limit=args.time_limit, log_dir=args.log_dir)
-        shown = ", ".join(f"{key}={value:.3g}" for key, value in result.values.items())
-        print(f"{config.label}: {result.status} {shown} {result.reason}".rstrip(),
-              file=sys.stderr, flush=True)
-        results.append(result)
+    configs = configurations(args.towers, args.k, args.updates)
+    runs = {config: [] for config in configs}
+    for round_index in range(args.rounds):
+        # Interleaved: each round runs every configuration once, starting one further on.
+        shift = round_index % len(configs)
+        for config in configs[shift:] + configs[:shift]:
+            print(f"{config.label} (round {round_index + 1}) ...", file=sys.stderr, flush=True)
+            result = run_config(config, model=args.model, global_batch=args.global_batch,
+                                first_step=not args.skip_first_step,
+                                time_limit=args.time_limit, log_dir=args.log_dir)
+            shown = ", ".join(f"{key}={value:.3g}" for key, value in result.values.items())
+            print(f"{config.label}: {result.status} {shown} {result.reason}".rstrip(),
+                  file=sys.stderr, flush=True)
+            runs[config].append(result)
+    results = [median_result(runs[config]) for config in configs]
     print(render(results, args.model, args.global_batch), flush=True)
+    if args.rounds > 1:
+        print(f"\nMedians over {args.rounds} interleaved rounds (each configuration once per "
+              "round, in a fresh process).", flush=True)
     return 0
+
+
+def median_result(results: Sequence[Result]) -> Result:
+    """One configuration's rounds as one Result: each metric's median over the rounds that
+    measured it; the status of the first round that was not ok, if any."""
+    failed = [r for r in results if r.status != "ok"]
+    values = {}
+    for key, _, _ in METRICS:
+        measured = sorted(r.values[key] for r in results if r.values.get(key) is not None)
+        if measured:
+            middle = len(measured) // 2
+            values[key] = (measured[middle] if len(measured) % 2
+                           else (measured[middle - 1] + measured[middle]) / 2)
+    first = failed[0] if failed else results[0]
+    return Result(first.config, first.status, values, reason=first.reason)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,17 @@ def test_ratios_to_the_one_tower_row_and_to_the_parameter_server():
     assert "replicated x8 k=4: over limit: still running after 60 s" in text
 
 
+def test_interleaved_rounds_are_combined_by_their_medians():
+    rounds = [_result("parameter_server", 8, 64, build, nodes=5000) for build in (9.0, 3.0, 4.0)]
+    combined = bench_build.median_result(rounds)
+    assert combined.status == "ok"
+    assert combined.values["build_cpu_seconds"] == 4.0 and combined.values["nodes"] == 5000
+    assert bench_build.median_result(rounds[:2]).values["build_seconds"] == 6.0
+    stopped = Result(Config("parameter_server", 8, 64), bench_build.OVER_LIMIT, {},
+                     reason="still running")
+    assert bench_build.median_result([rounds[0], stopped]).status == bench_build.OVER_LIMIT
+
+
 def test_a_batch_too_small_for_the_micro_batches_is_not_run():
     result = bench_build.run_config(Config("replicated", 8, 64), model="convnet",
                                     global_batch=128, first_step=True, time_limit=1)
