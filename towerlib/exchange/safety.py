@@ -169,11 +169,15 @@ def has_towerlib_collectives(graph) -> bool:
     Recognized by group key, not by op name, so other collectives in the
     graph do not count (see towerlib.exchange.keys.is_towerlib_group_key).
     """
+    if any(collective_ops.is_collective_op(op)
+           and keys.is_towerlib_group_key(graph, op.get_attr("group_key"))
+           for op in graph.get_operations()):
+        return True
+    # An accumulation loop's body (sync batch norm) is a function of the graph.
     return any(
-        collective_ops.is_collective_op(op)
-        and keys.is_towerlib_group_key(graph, op.get_attr("group_key"))
-        for op in graph.get_operations()
-    )
+        node.op in collective_ops.COLLECTIVE_OP_TYPES and "group_key" in node.attr
+        and keys.is_towerlib_group_key(graph, node.attr["group_key"].i)
+        for function in graph.as_graph_def().library.function for node in function.node_def)
 
 
 @contextlib.contextmanager

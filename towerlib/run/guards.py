@@ -159,6 +159,23 @@ class NumericsGuardOptimizer(tf.compat.v1.train.Optimizer):
             [v for _, v in grads_and_vars]))
         return grads_and_vars
 
+    def check_totals(self, tower_losses, tower_grads_and_vars, devices):
+        """Replaces the towers' checks by checks of their totals over a step.
+
+        With gradient accumulation the towers' compute_gradients runs in a
+        loop's body (towerlib.step.micro_loop), whose tensors the apply cannot
+        read; a loss or gradient summed over the micro-batches is NaN or Inf
+        when any micro-batch's was, so the totals are checked instead.
+        """
+        self._pending = []
+        for index, (loss, pairs) in enumerate(zip(tower_losses, tower_grads_and_vars)):
+            with tf.device(devices[index]), tf.name_scope(self._name):
+                gradient_finite = ([tf.constant(True) if g is None else _is_finite(g)
+                                    for g, _ in pairs] if self.check_gradients else [])
+                self._pending.append(_TowerCheck(
+                    index, devices[index], _is_finite(loss), gradient_finite,
+                    [v for _, v in pairs]))
+
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         if self.assert_op is not None:
             raise RuntimeError(

@@ -134,6 +134,8 @@ def _called_stacks(input_fn, accumulation_steps, devices, bn_mode):
     stacks, sizes = [], []
     for index, device in enumerate(devices):
         own = per_tower[index]
+        for micro_batch, batch in enumerate(own):
+            _check_rows(batch, index, micro_batch)
         own_sizes = [inputs_lib.leading_batch_size(batch) for batch in own]
         sizes.extend(own_sizes)
         known = {_static_int(size) for size in own_sizes}
@@ -147,6 +149,23 @@ def _called_stacks(input_fn, accumulation_steps, devices, bn_mode):
     with tf.device(devices_lib.host_cpu(devices[0])):
         total = tf.cast(tf.add_n(sizes), tf.float32, name="global_batch")
     return stacks, total
+
+
+def _check_rows(batch, tower_index, micro_batch):
+    """Refuses an entry without one row per example: it could not be laid end to end."""
+    flat = tf.nest.flatten(batch)
+    rows = {tf.compat.dimension_value(t.shape[0]) for t in flat if t.shape.rank}
+    rows.discard(None)
+    for tensor in flat:
+        if tensor.shape.rank == 0 or len(rows) > 1:
+            raise ValueError(
+                f"accumulation_steps > 1: the input function's batch for tower "
+                f"{tower_index}, micro-batch {micro_batch} has an entry {tensor.name} of "
+                f"shape {tensor.shape}, not one row per example (the entries' rows: "
+                f"{sorted(rows)}). Each tower's micro-batches are laid end to end and "
+                "sliced by rows, so every entry needs the examples on axis 0. Fix: "
+                "return per-example tensors only; build constants inside the tower "
+                "function.")
 
 
 def _static_int(size):

@@ -138,6 +138,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                              totals.weighted_activity)
         records, tower_grads_and_vars = totals.records, totals.grads_and_vars
         accumulation_buffers = totals.buffers
+        for guard in guards.guards_in(optimizer):
+            guard.check_totals([t.loss for t in totals.towers], tower_grads_and_vars, devices)
     var_list = chosen_vars
 
     _check_exchanges(reducer)  # the backward exchanges

@@ -119,12 +119,18 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
       devices: the towers' devices; host_device: where the counter lives.
     """
     built = {}
+    graph = tf.compat.v1.get_default_graph()
+    # The body names its ops afresh: a scope reserved here keeps its towers'
+    # names ('accumulation_towers/tower_0/...') apart from the graph's own
+    # ('tower_0/...' of an evaluation built before), in shared collections too.
+    towers_scope = graph.unique_name("accumulation_towers") + "/"
 
     def body(index):
         is_first = tf.equal(index, 0)
         weight_gate = tf.cast(is_first, tf.float32)
-        micro = build_micro_batch(lambda ctx: stacks[ctx.index].micro_batch(index),
-                                  weight_gate)
+        with tf.name_scope(towers_scope):
+            micro = build_micro_batch(lambda ctx: stacks[ctx.index].micro_batch(index),
+                                      weight_gate)
         state = StepState(devices)
         _keep_gradients(state, micro.grads_and_vars)
         _keep_losses(state, micro)
@@ -139,7 +145,7 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
         done = tf.compat.v1.while_loop(
             lambda index: index < accumulation_steps, body, [tf.constant(0)],
             parallel_iterations=1, back_prop=False, name="micro_batch_loop")
-    _drop_summaries_built_inside()
+    _drop_what_the_body_left_in_collections(graph)
     with tf.control_dependencies([done]):
         return _totals(built["micro"], built["state"], stacks)
 
@@ -188,9 +194,10 @@ def _once(is_first, update_ops):
     """Runs a copy of each of the tower function's update ops at micro-batch 0 only.
 
     The originals stay in the body without anything depending on them, so
-    they never run; their copies sit in the branch taken at j = 0.
+    they never run; their copies sit in the branch taken at j = 0. A group
+    (a NoOp) is replaced by what it groups.
     """
-    ops = [getattr(op, "op", op) for op in update_ops]
+    ops = _update_leaves([getattr(op, "op", op) for op in update_ops])
     if not ops:
         return tf.no_op()
 
@@ -203,20 +210,48 @@ def _once(is_first, update_ops):
     return tf.cond(is_first, run_copies, lambda: tf.constant(False), name="update_ops_once")
 
 
-def _drop_summaries_built_inside():
-    """Summaries the tower function wrote in the body cannot be fetched: dropped, said once."""
-    key = tf.compat.v1.GraphKeys.SUMMARIES
-    graph = tf.compat.v1.get_default_graph()
-    summaries = graph.get_collection_ref(key)
-    inside = [s for s in summaries if getattr(s, "graph", graph) is not graph]
-    if inside:
-        summaries[:] = [s for s in summaries if getattr(s, "graph", graph) is graph]
+def _update_leaves(ops):
+    """The ops that do the updating: groups (NoOps) opened, recursively, so that the
+    grouped ops are copied (a copy of the group would wait for the originals)."""
+    leaves = []
+    for op in ops:
+        if op.type == "NoOp":
+            leaves.extend(_update_leaves(list(op.control_inputs)))
+        else:
+            leaves.append(op)
+    return leaves
+
+
+def _drop_what_the_body_left_in_collections(graph):
+    """The body's tensors and ops cannot be used outside it: out of every collection.
+
+    Summaries the tower function wrote are said once (towerlib.tower_scalar is
+    the way). Variables made in the body live outside it and stay;
+    regularization losses made by get_variable are rebuilt at each use and stay.
+    """
+    dropped_summaries = []
+    for key in graph.get_all_collection_keys():
+        items = graph.get_collection_ref(key)
+        kept = [item for item in items if not _made_in_a_body(item, graph)]
+        if len(kept) != len(items):
+            if key == tf.compat.v1.GraphKeys.SUMMARIES:
+                dropped_summaries = [item for item in items if _made_in_a_body(item, graph)]
+            items[:] = kept
+    if dropped_summaries:
         tf.compat.v1.logging.warning(
             "accumulation_steps > 1: %d summaries written inside the tower function "
             "(e.g. %s) are left out (the towers run in a loop, whose tensors cannot be "
             "fetched). Use towerlib.tower_scalar(ctx, name, value) instead: it is "
-            "averaged over the towers and micro-batches.", len(inside),
-            getattr(inside[0], "name", inside[0]))
+            "averaged over the towers and micro-batches.", len(dropped_summaries),
+            dropped_summaries[0].name)
+
+
+def _made_in_a_body(item, graph):
+    if not isinstance(item, (tf.Tensor, tf.Operation, tf.Variable)):
+        return False  # e.g. a regularization loss get_variable rebuilds where it is used
+    op = item if isinstance(item, tf.Operation) else getattr(item, "op", None)
+    return (isinstance(op, tf.Operation) and op.graph is not graph
+            and function_graphs.is_inside(op.graph, graph))
 
 
 def _totals(micro, state, stacks):
