@@ -81,8 +81,19 @@ def _unsorted_nodes(graph_def):
 
 @pytest.mark.parametrize("num_towers,accumulation_steps", [(1, 2), (1, 4), (2, 3)])
 def test_graph_sorts_topologically(num_towers, accumulation_steps):
+    """The graph around the loop, and every function (the loop's body, its branches)."""
     graph, _ = _build(num_towers, accumulation_steps)
-    assert _unsorted_nodes(graph.as_graph_def()) == []
+    graph_def = graph.as_graph_def()
+    assert _unsorted_nodes(graph_def) == []
+    assert graph_def.library.function  # the loop's body is there
+    for function in graph_def.library.function:
+        body = tf.compat.v1.GraphDef()
+        names = {node.name for node in function.node_def}
+        for node in function.node_def:  # inputs 'op:output:0', '^op' or an argument
+            copy = body.node.add()
+            copy.name, copy.op = node.name, node.op
+            copy.input.extend(i for i in node.input if i.lstrip("^").split(":")[0] in names)
+        assert _unsorted_nodes(body) == [], function.signature.name
 
 
 @pytest.mark.parametrize("num_towers", [1, 2])
