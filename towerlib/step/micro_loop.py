@@ -44,6 +44,7 @@ not kept across micro-batches: use towerlib.tower_scalar for metrics.
     # build_micro_batch(inputs_fn, weight_gate) -> MicroBatch, called once
 """
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, List
 
@@ -120,15 +121,12 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     """
     built = {}
     graph = tf.compat.v1.get_default_graph()
-    # The body names its ops afresh: a scope reserved here keeps its towers'
-    # names ('accumulation_towers/tower_0/...') apart from the graph's own
-    # ('tower_0/...' of an evaluation built before), in shared collections too.
-    towers_scope = graph.unique_name("accumulation_towers") + "/"
+    towers_scope = _towers_scope(graph, len(devices))
 
     def body(index):
         is_first = tf.equal(index, 0)
         weight_gate = tf.cast(is_first, tf.float32)
-        with tf.name_scope(towers_scope):
+        with towers_scope():
             micro = build_micro_batch(lambda ctx: stacks[ctx.index].micro_batch(index),
                                       weight_gate)
         state = StepState(devices)
@@ -148,6 +146,22 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     _drop_what_the_body_left_in_collections(graph)
     with tf.control_dependencies([done]):
         return _totals(built["micro"], built["state"], stacks)
+
+
+def _towers_scope(graph, num_towers):
+    """A context for the body's towers: none, or a scope reserved in `graph`.
+
+    The body names its ops afresh, so its towers are 'tower_i/' whatever the
+    graph holds. When the graph already has a 'tower_i' (an evaluation built
+    before), collections shared with the body would mix the two: the towers
+    then go under a scope reserved here ('micro/tower_i/').
+    """
+    taken = any(graph.unique_name(f"tower_{index}", mark_as_used=False) != f"tower_{index}"
+                for index in range(num_towers))
+    if not taken:
+        return contextlib.nullcontext
+    scope = graph.unique_name("micro") + "/"
+    return lambda: tf.name_scope(scope)
 
 
 def _keep_gradients(state, grads_and_vars):

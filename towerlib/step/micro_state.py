@@ -45,6 +45,17 @@ class _Entry:
     shapes: List[tf.TensorShape]
 
 
+def _shaped(vector, shape):
+    """A [n] vector reshaped to `shape`, with no op when that is a vector too (most are)."""
+    shape = tf.TensorShape(shape)
+    return vector if shape.rank == 1 else tf.reshape(vector, shape)
+
+
+def _flat(tensor):
+    """`tensor` as a vector, with no op when it is one already."""
+    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
+
+
 class _Buffer:
     """A resource holding one tensor, on one device, reset to `zeros` before each loop."""
 
@@ -201,11 +212,11 @@ class StepState:
         def reader():
             parts = tf.split(buffer.read(), sizes)
             for entry, part in zip(group, parts):
-                self._reads[entry.key] = [tf.reshape(part, entry.shapes[0])]
+                self._reads[entry.key] = [_shaped(part, entry.shapes[0])]
 
         self._readers.append(reader)
         return lambda: [buffer.assign_add(
-            tf.concat([tf.reshape(e.values[0], [-1]) for e in group], axis=0))]
+            tf.concat([_flat(e.values[0]) for e in group], axis=0))]
 
     def _pooled(self, pooled, tower_index):
         """(counts [L], means [sum C], variances [sum C]) of L batch-norm records.
@@ -239,8 +250,8 @@ class StepState:
             means = tf.split(means_buffer.read(), channels)
             variances = tf.split(variances_buffer.read(), channels)
             for entry, count, mean, variance in zip(pooled, counts, means, variances):
-                self._reads[entry.key] = [count, tf.reshape(mean, entry.shapes[1]),
-                                          tf.reshape(variance, entry.shapes[2])]
+                self._reads[entry.key] = [count, _shaped(mean, entry.shapes[1]),
+                                          _shaped(variance, entry.shapes[2])]
 
         self._readers.append(reader)
         return emit
