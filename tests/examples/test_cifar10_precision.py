@@ -14,7 +14,7 @@ import towerlib
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import generate, main, options, run_folder, train
 from tests.examples.test_cifar10_config import check
-from tests.examples.test_cifar10_train import SHORT_RUN_STEPS, short_run_config
+from tests.examples.test_cifar10_train import MODE_RUN_STEPS, short_run_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -210,11 +210,12 @@ def test_bfloat16_reaches_the_precision_of_float32(tmp_path, generated_data):
 @pytest.mark.slow  # a short run of the main job
 def test_two_micro_batches_per_step_train_evaluate_and_export(tmp_path, generated_data):
     config = short_run_config(
-        str(tmp_path), data_dir=generated_data, accumulation_steps=2, log_every_n_steps=60
+        str(tmp_path), data_dir=generated_data, accumulation_steps=2,
+        max_steps=MODE_RUN_STEPS, log_every_n_steps=60
     )
     figures = main.run(config, options.train_defaults())
     assert run_folder.load(config["train_dir"]).accumulation_steps == 2
-    assert figures["global_step"] == SHORT_RUN_STEPS  # one step per global batch
+    assert figures["global_step"] == MODE_RUN_STEPS  # one step per global batch
     assert figures["examples"] == 1000
     assert figures["precision_at_1"] > 0.5, figures  # chance is 0.1
     assert abs(figures["saved_model_precision_at_1"] - figures["precision_at_1"]) <= 0.002

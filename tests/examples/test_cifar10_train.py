@@ -16,6 +16,10 @@ from tests import helpers
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHORT_RUN_STEPS = 120
+# The main job end to end in another mode (sync batch norm, two micro-batches per step): half
+# the short run keeps far above its bound of 0.5 (precision@1 0.75 and 0.73 at 60 steps on
+# the generated data, 0.78 and 0.72 at 120) in two thirds of the time.
+MODE_RUN_STEPS = 60
 
 
 class _Lines(logging.Handler):
@@ -230,8 +234,9 @@ def test_train_script_prints_one_clear_error(tmp_path, args, expected):
 def test_main_job_trains_with_sync_batch_norm(tmp_path):
     """bn_mode=sync end to end through run_training, evaluation and export,
     on 2 CPU towers (the graph transport)."""
-    config = short_run_config(str(tmp_path), bn_mode="sync", log_every_n_steps=60)
+    config = short_run_config(str(tmp_path), bn_mode="sync", max_steps=MODE_RUN_STEPS,
+                              log_every_n_steps=60)
     figures = main.run(config, options.train_defaults())
-    assert figures["global_step"] == SHORT_RUN_STEPS
+    assert figures["global_step"] == MODE_RUN_STEPS
     assert figures["precision_at_1"] > 0.5, figures  # chance is 0.1
     assert abs(figures["saved_model_precision_at_1"] - figures["precision_at_1"]) <= 0.002
