@@ -7,15 +7,13 @@ shuffling and augmentation on: the data position is in every checkpoint
 """
 
 import os
-import random
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import generate, run_folder, train
+from examples.cifar10 import generate, train
 from tests.fault_scripts import runner
 
 TRAIN_SCRIPT = os.path.join(runner.REPO_ROOT, "examples", "cifar10", "train.py")
@@ -93,26 +91,14 @@ def test_sigkill_at_five_random_moments_then_resume_is_bit_identical(
     reference_dir = str(tmp_path / "reference")
     reference = pool.start(TRAIN_SCRIPT, _flags(reference_dir, tiny_data))
     killed_dir = str(tmp_path / "killed")
-    moments = random.Random(os.getpid())
-    history = []
-    for _ in range(KILLS):
-        process = pool.start(TRAIN_SCRIPT, _flags(killed_dir, tiny_data))
-        # From the first save of this life (the session is up) a random delay: it
-        # lands between steps, in a save, or after the run ended.
-        process.wait_for_line(r"Saving checkpoint for step \d+ |nothing to train", TIMEOUT)
-        delay = moments.uniform(0.0, 1.2)
-        try:
-            process.process.wait(timeout=delay)
-        except subprocess.TimeoutExpired:  # still running: the usual case
-            process.send(signal.SIGKILL)
-        code = process.wait(TIMEOUT)
-        history.append((round(delay, 2), code, run_folder.checkpoint_step(killed_dir)))
-    print("kills (delay, exit code, restorable step):", history)
+    history = runner.kill_at_random_moments(pool, TRAIN_SCRIPT, _flags(killed_dir, tiny_data),
+                                            KILLS, (0.0, 1.2), TIMEOUT, seed=os.getpid())
+    print("kills (delay, exit code):", history)
     final = pool.start(TRAIN_SCRIPT, _flags(killed_dir, tiny_data))
     assert final.wait(TIMEOUT) == 0, final.output[-3000:]
     assert reference.wait(TIMEOUT) == 0, reference.output[-3000:]
     # At least some kills landed in training (not all after the end).
-    assert sum(code == -signal.SIGKILL for _, code, _ in history) >= 3, history
+    assert sum(code == -signal.SIGKILL for _, code in history) >= 3, history
     last = "model.ckpt-%d" % MAX_STEPS
     assert_bit_identical(
         os.path.join(killed_dir, last), os.path.join(reference_dir, last)

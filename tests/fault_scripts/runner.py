@@ -8,6 +8,7 @@ test leaks no process.
 
 import os
 import queue
+import random
 import re
 import signal
 import subprocess
@@ -120,3 +121,24 @@ class ProcessPool:
             process.kill()
             if process.process.stdout:
                 process.process.stdout.close()
+
+
+def kill_at_random_moments(pool, script, args, kills, delays, timeout, seed):
+    """Starts `script` `kills` times, each SIGKILLed a random delay (seconds, uniform
+    in `delays`) after its first save line, unless it ended before.
+
+    Returns [(delay, exit code), ...]: a resumed run can then be compared with an
+    uninterrupted one.
+    """
+    moments = random.Random(seed)
+    history = []
+    for _ in range(kills):
+        process = pool.start(script, args)
+        process.wait_for_line(r"Saving checkpoint for step \d+ |nothing to train", timeout)
+        delay = moments.uniform(*delays)
+        try:
+            process.process.wait(timeout=delay)
+        except subprocess.TimeoutExpired:  # still running: the usual case
+            process.send(signal.SIGKILL)
+        history.append((round(delay, 2), process.wait(timeout)))
+    return history

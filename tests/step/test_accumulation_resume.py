@@ -9,9 +9,7 @@ step-local: nothing of a killed step survives into the resumed one.
 """
 
 import os
-import random
 import signal
-import subprocess
 
 import pytest
 
@@ -40,22 +38,13 @@ def test_sigkill_during_accumulated_steps_then_resume_is_bit_identical(pool, tmp
     generate.generate(data_dir, train_per_file=20, test_examples=10)
     reference_dir, killed_dir = str(tmp_path / "reference"), str(tmp_path / "killed")
     reference = pool.start(TRAIN_SCRIPT, _flags(reference_dir, data_dir))
-    moments = random.Random(os.getpid())
-    history = []
-    for _ in range(KILLS):
-        process = pool.start(TRAIN_SCRIPT, _flags(killed_dir, data_dir))
-        process.wait_for_line(r"Saving checkpoint for step \d+ |nothing to train", TIMEOUT)
-        delay = moments.uniform(0.5, 3.0)
-        try:
-            process.process.wait(timeout=delay)
-        except subprocess.TimeoutExpired:
-            process.send(signal.SIGKILL)
-        history.append((round(delay, 2), process.wait(TIMEOUT),
-                        run_folder.checkpoint_step(killed_dir)))
-    print("kills (delay, exit code, restorable step):", history)
+    history = runner.kill_at_random_moments(pool, TRAIN_SCRIPT, _flags(killed_dir, data_dir),
+                                            KILLS, (0.5, 3.0), TIMEOUT, seed=os.getpid())
+    print("kills (delay, exit code):", history, "restorable:",
+          run_folder.checkpoint_step(killed_dir))
     final = pool.start(TRAIN_SCRIPT, _flags(killed_dir, data_dir))
     assert final.wait(TIMEOUT) == 0, final.output[-3000:]
     assert reference.wait(TIMEOUT) == 0, reference.output[-3000:]
-    assert any(code == -signal.SIGKILL for _, code, _ in history), history
+    assert any(code == -signal.SIGKILL for _, code in history), history
     last = f"model.ckpt-{MAX_STEPS}"
     assert_bit_identical(os.path.join(killed_dir, last), os.path.join(reference_dir, last))

@@ -54,24 +54,23 @@ from towerlib.internals import function_graphs
 from towerlib.step.context import TowerRecords
 from towerlib.step.micro_state import StepState
 
-__all__ = ["LoopResult", "MicroBatch", "accumulate"]
+__all__ = ["LoopResult", "MicroBatch", "StepParts", "accumulate"]
 
 # Gradients of at least this many elements (256 KB in float32) get a buffer each.
 _OWN_BUFFER_MIN_ELEMENTS = 1 << 16
 
 
 @dataclasses.dataclass
-class MicroBatch:
-    """What the body's one build of the towers made (tensors of the body).
+class StepParts:
+    """A step's towers and what the builder needs of them.
 
     Attributes:
       towers: the towers (data losses), tower 0 first.
-      shares: n_ji / B per tower.
+      shares: each tower's n / B.
       grads_and_vars: per tower, its (gradient, variable) pairs.
       records: the towers' TowerRecords (batch norm, scalars).
       weight_terms: the weights' regularization terms, counted once.
       weighted_activity: the towers' activity terms weighted by their shares.
-      update_ops: the tower function's own ops to run once per step.
     """
 
     towers: List[Any]
@@ -80,30 +79,24 @@ class MicroBatch:
     records: TowerRecords
     weight_terms: List[tf.Tensor]
     weighted_activity: List[tf.Tensor]
-    update_ops: List[tf.Operation]
 
 
 @dataclasses.dataclass
-class LoopResult:
-    """The step's totals over its micro-batches (tensors of the graph around the loop).
+class MicroBatch(StepParts):
+    """What the body's one build of the towers made (tensors of the body); and
+    `update_ops`, the tower function's own ops to run once per step."""
 
-    Attributes:
-      towers: one per tower: its loss the mean over its micro-batches, its
-        context's batch_size every micro-batch's rows, no outputs.
-      shares: sum_j n_ji / B per tower.
-      grads_and_vars: per tower, sum_j of its micro-batches' pairs.
-      records: TowerRecords with one batch-norm entry per layer and tower
-        (pooled over the micro-batches) and one scalar per tower.
-      weight_terms, weighted_activity: for StepObjective.use_totals.
-      buffers: the resource handles of the step-local buffers the sums are kept in.
-    """
+    update_ops: List[tf.Operation] = dataclasses.field(default_factory=list)
 
-    towers: List[Any]
-    shares: List[tf.Tensor]
-    grads_and_vars: List[List[Any]]
-    records: TowerRecords
-    weight_terms: List[tf.Tensor]
-    weighted_activity: List[tf.Tensor]
+
+@dataclasses.dataclass
+class LoopResult(StepParts):
+    """The step's totals over its micro-batches (tensors of the graph around the loop):
+    per tower one loss (the mean over its micro-batches, its context's batch_size every
+    micro-batch's rows, no outputs), sum_j n_ji / B, the summed gradients, one
+    batch-norm entry per layer (pooled over the micro-batches) and one scalar each;
+    and `buffers`, the handles of the step-local buffers the sums are kept in."""
+
     buffers: tuple = ()
 
 
