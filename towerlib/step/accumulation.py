@@ -29,6 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from towerlib.checks import run_time
+from towerlib.checks import tower_batch
 from towerlib.step import inputs as inputs_lib
 from towerlib.step.context import TowerContext
 
@@ -95,7 +96,7 @@ def _rows_of_tower(inputs, batch, static_batch, accumulation_steps, num_towers, 
     """Tower `index`'s rows of every micro-batch, as offsets into the global batch.
 
     Micro-batch j has m_j = B // k (+1 for j < B mod k) rows from M_j =
-    j (B // k) + min(j, B mod k); tower i takes n_ji = m_j // N (+1 for i <
+    m_0 + ... + m_(j-1); tower i takes n_ji = m_j // N (+1 for i <
     m_j mod N) of them, from M_j + i (m_j // N) + min(i, m_j mod N): the
     split of towerlib.step.inputs, applied twice.
     """
@@ -110,10 +111,8 @@ def _rows_of_tower(inputs, batch, static_batch, accumulation_steps, num_towers, 
         static_size = sizes[0] if len(set(sizes)) == 1 else None
         return TowerStack(inputs, tf.constant(sizes, tf.int32),
                           tf.constant(offsets, tf.int32), static_size)
-    micro = tf.range(k, dtype=tf.int32)
-    base, extra = batch // k, batch % k
-    micro_rows = base + tf.cast(micro < extra, tf.int32)
-    micro_start = micro * base + tf.minimum(micro, extra)
+    micro_rows = inputs_lib.shard_sizes(batch, k)  # [k]
+    micro_start = tf.cumsum(micro_rows, exclusive=True)
     tower_base, tower_extra = micro_rows // n, micro_rows % n
     sizes = tower_base + tf.cast(index < tower_extra, tf.int32)
     offsets = micro_start + index * tower_base + tf.minimum(index, tower_extra)
@@ -138,7 +137,7 @@ def _called_stacks(input_fn, accumulation_steps, devices, bn_mode):
             _check_rows(batch, index, micro_batch)
         own_sizes = [inputs_lib.leading_batch_size(batch) for batch in own]
         sizes.extend(own_sizes)
-        known = {_static_int(size) for size in own_sizes}
+        known = {tower_batch.static_int(size) for size in own_sizes}
         static_size = known.pop() if len(known) == 1 and None not in known else None
         with tf.device(devices_lib.host_cpu(device)), \
                 tf.name_scope(f"tower_{index}_micro_batches"):
@@ -154,23 +153,18 @@ def _called_stacks(input_fn, accumulation_steps, devices, bn_mode):
 def _check_rows(batch, tower_index, micro_batch):
     """Refuses an entry without one row per example: it could not be laid end to end."""
     flat = tf.nest.flatten(batch)
-    rows = {tf.compat.dimension_value(t.shape[0]) for t in flat if t.shape.rank}
-    rows.discard(None)
+    first_rows = next((tf.compat.dimension_value(t.shape[0]) for t in flat
+                       if t.shape.rank and t.shape[0] is not None), None)
     for tensor in flat:
-        if tensor.shape.rank == 0 or len(rows) > 1:
+        rows = tf.compat.dimension_value(tensor.shape[0]) if tensor.shape.rank else None
+        if tensor.shape.rank == 0 or None not in (rows, first_rows) and rows != first_rows:
             raise ValueError(
                 f"accumulation_steps > 1: the input function's batch for tower "
                 f"{tower_index}, micro-batch {micro_batch} has an entry {tensor.name} of "
-                f"shape {tensor.shape}, not one row per example (the entries' rows: "
-                f"{sorted(rows)}). Each tower's micro-batches are laid end to end and "
-                "sliced by rows, so every entry needs the examples on axis 0. Fix: "
-                "return per-example tensors only; build constants inside the tower "
-                "function.")
-
-
-def _static_int(size):
-    value = tf.get_static_value(size)
-    return None if value is None else int(value)
+                f"shape {tensor.shape}, not one row per example ({first_rows} examples). "
+                "Each tower's micro-batches are laid end to end and sliced by rows, so "
+                "every entry needs the examples on axis 0. Fix: return per-example "
+                "tensors only; build constants inside the tower function.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,9 +86,9 @@ class VariableUpdate(abc.ABC):
 
         Args:
           tower_grads_and_vars: one list of (gradient, variable) pairs per
-            tower and micro-batch, micro-batch major (all towers of
-            micro-batch 0, then micro-batch 1, ...); gradients already
-            weighted by the examples' share of the global batch.
+            tower (with accumulation, summed over the tower's micro-batches);
+            gradients already weighted by the examples' share of the global
+            batch.
         """
 
     @abc.abstractmethod

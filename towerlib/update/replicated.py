@@ -25,7 +25,6 @@ from typing import Optional
 
 import tensorflow as tf
 
-from towerlib.update import aggregation as gradients_lib
 from towerlib.update import allreduce
 from towerlib.update import copies as variable_copies
 from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
@@ -121,11 +120,10 @@ class ReplicatedUpdate(VariableUpdate):
     def combine(self, tower_grads_and_vars):
         """Every tower's (summed gradient, own copy) pairs, tower 0's first.
 
-        `tower_grads_and_vars` lists the towers of every micro-batch, micro-batch
-        major; each tower first sums its own micro-batches, then the towers'
-        sums are all-reduced once per step.
+        `tower_grads_and_vars` has one list per tower (with accumulation, each
+        tower's sum over its micro-batches: towerlib.step.micro_loop); the
+        towers' gradients are all-reduced once per step.
         """
-        tower_grads_and_vars = self._sum_micro_batches(tower_grads_and_vars)
         tower_gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
         for gradient, variable in tower_grads_and_vars[0]:
             if gradient is None:
@@ -144,24 +142,6 @@ class ReplicatedUpdate(VariableUpdate):
                      for gradients, grads_and_vars in zip(tower_gradients,
                                                           tower_grads_and_vars)]
         return CombinedGradients(per_tower)
-
-    def _sum_micro_batches(self, tower_grads_and_vars):
-        num_towers = self._copies.num_towers
-        if len(tower_grads_and_vars) == num_towers:
-            return tower_grads_and_vars
-        summed = []
-        for index in range(num_towers):
-            own = tower_grads_and_vars[index::num_towers]
-            pairs = []
-            with tf.name_scope(f"accumulate_tower_{index}"):
-                for position, (_, variable) in enumerate(own[0]):
-                    gradients = [micro[position][0] for micro in own
-                                 if micro[position][0] is not None]
-                    with tf.device(variable.device):
-                        pairs.append((gradients_lib.sum_gradients(gradients)
-                                      if gradients else None, variable))
-            summed.append(pairs)
-        return summed
 
     def apply(self, optimizer, pairs, global_step):
         """One apply op updating every copy; the copies' slots are local copies too."""
