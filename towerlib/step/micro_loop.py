@@ -50,7 +50,7 @@ from typing import Any, Callable, List
 
 import tensorflow as tf
 
-from towerlib.internals import function_graphs
+from towerlib.internals import function_graphs, gradient_captures
 from towerlib.step.context import TowerRecords
 from towerlib.step.micro_state import StepState
 
@@ -132,7 +132,9 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
         with tf.control_dependencies(writes):
             return index + 1
 
-    with tf.device(host_device), tf.name_scope("accumulation"):
+    # The towers' gradients are taken inside the body: see gradient_captures.
+    with tf.device(host_device), tf.name_scope("accumulation"), \
+            gradient_captures.indexed_capture_lookups():
         done = tf.compat.v1.while_loop(
             lambda index: index < accumulation_steps, body, [tf.constant(0)],
             parallel_iterations=1, back_prop=False, name="micro_batch_loop")

@@ -32,6 +32,7 @@ import collections
 import dataclasses
 from typing import Any, List
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = ["StepState"]
@@ -51,25 +52,22 @@ def _shaped(vector, shape):
     return vector if shape.rank == 1 else tf.reshape(vector, shape)
 
 
-def _flat(tensor):
-    """`tensor` as a vector, with no op when it is one already."""
-    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, [-1])
+def _flat(tensor, vector_shape):
+    """`tensor` as a vector (`vector_shape` the constant [-1]), no op when it is one."""
+    return tensor if tensor.shape.rank == 1 else tf.reshape(tensor, vector_shape)
 
 
 class _Buffer:
     """A resource holding one tensor, on one device, reset to `zeros` before each loop."""
 
-    def __init__(self, shape, dtype, device, name, zeros_by_dtype):
+    def __init__(self, shape, dtype, device, name, zeros):
         self.shape, self.dtype, self.device = tf.TensorShape(shape), tf.as_dtype(dtype), device
         with tf.device(device), tf.init_scope():
             unique = tf.compat.v1.get_default_graph().unique_name(f"accumulation/{name}")
             self.handle = tf.raw_ops.VarHandleOp(
                 dtype=self.dtype, shape=self.shape, shared_name=unique, name=unique)
-            if self.dtype not in zeros_by_dtype:  # one scalar zero per build and dtype
-                zeros_by_dtype[self.dtype] = tf.constant(0, self.dtype, name="zero")
-            zeros = tf.fill([d if d is not None else 0 for d in self.shape.as_list()],
-                            zeros_by_dtype[self.dtype])
-            self.reset = tf.raw_ops.AssignVariableOp(resource=self.handle, value=zeros)
+            self.reset = tf.raw_ops.AssignVariableOp(
+                resource=self.handle, value=zeros.get(self.shape, self.dtype, device))
 
     def read(self):
         with tf.device(self.device):
@@ -82,6 +80,23 @@ class _Buffer:
 
     def assign_add(self, value):
         return tf.raw_ops.AssignAddVariableOp(resource=self.handle, value=value)
+
+
+class _Zeros:
+    """The buffers' reset values: one fill per device, shape and dtype (many
+    kernels share a shape), from one scalar zero per dtype; built under init_scope."""
+
+    def __init__(self):
+        self._scalars, self._fills = {}, {}
+
+    def get(self, shape, dtype, device):
+        if dtype not in self._scalars:
+            self._scalars[dtype] = tf.constant(0, dtype, name="zero")
+        key = (device, tuple(shape.as_list()), dtype)
+        if key not in self._fills:
+            self._fills[key] = tf.fill([d if d is not None else 0 for d in shape.as_list()],
+                                       self._scalars[dtype])
+        return self._fills[key]
 
 
 def _write(entry, buffer):
@@ -105,7 +120,7 @@ class StepState:
         self._devices = list(devices)
         self._entries = collections.OrderedDict()   # key -> (tower index, _Entry)
         self._buffers = []
-        self._zeros = {}                            # dtype -> scalar zero, for the resets
+        self._zeros = _Zeros()                      # the resets' values
         self._reads = {}                            # key -> [tensor], after the loop
         self._readers = []
 
@@ -127,9 +142,9 @@ class StepState:
 
     def pool(self, key, statistics, tower_index):
         """Keeps the pooled (count, mean [C], variance [C]) of a BatchNormStatistics."""
-        values = [tf.reshape(tf.cast(statistics.count, tf.float32), [1]),
+        values = [tf.cast(statistics.count, tf.float32),
                   tf.cast(statistics.mean, tf.float32), tf.cast(statistics.variance, tf.float32)]
-        shapes = [tf.TensorShape([1]), statistics.mean.shape, statistics.variance.shape]
+        shapes = [tf.TensorShape([]), statistics.mean.shape, statistics.variance.shape]
         self._keep(key, "pool", values, shapes, tower_index)
 
     def write(self) -> List[tf.Operation]:
@@ -169,8 +184,7 @@ class StepState:
 
     def read_pooled(self, key):
         """(count, mean, variance) kept by pool(); count a float32 scalar."""
-        count, mean, variance = self._read(key)
-        return tf.reshape(count, []), mean, variance
+        return tuple(self._read(key))
 
     # ----------------------------------------------------------------- internals
 
@@ -215,8 +229,13 @@ class StepState:
                 self._reads[entry.key] = [_shaped(part, entry.shapes[0])]
 
         self._readers.append(reader)
-        return lambda: [buffer.assign_add(
-            tf.concat([_flat(e.values[0]) for e in group], axis=0))]
+
+        def emit():
+            vector_shape = tf.constant([-1], name="vector_shape")
+            return [buffer.assign_add(
+                tf.concat([_flat(e.values[0], vector_shape) for e in group], axis=0))]
+
+        return emit
 
     def _pooled(self, pooled, tower_index):
         """(counts [L], means [sum C], variances [sum C]) of L batch-norm records.
@@ -230,14 +249,17 @@ class StepState:
         means_buffer = self._buffer([sum(channels)], tf.float32, tower_index, "kept_means")
         variances_buffer = self._buffer([sum(channels)], tf.float32, tower_index,
                                         "kept_variances")
+        layer_of_channel = np.repeat(np.arange(len(pooled), dtype=np.int32), channels)
+
         def emit():
-            counts, means, variances = [tf.concat([e.values[part] for e in pooled], axis=0)
-                                        for part in range(3)]
+            counts = tf.stack([e.values[0] for e in pooled])
+            means, variances = [tf.concat([e.values[part] for e in pooled], axis=0)
+                                for part in (1, 2)]
             old_counts, old_means = counts_buffer.read(), means_buffer.read()
             old_variances = variances_buffer.read()
             total = old_counts + counts
-            weights = tf.repeat(tf.stack([old_counts / total, counts / total], axis=1),
-                                channels, axis=0)  # [sum C, 2]: each layer's, per channel
+            weights = tf.gather(tf.stack([old_counts / total, counts / total], axis=1),
+                                layer_of_channel)  # [sum C, 2]: each layer's, per channel
             old_weight, new_weight = weights[:, 0], weights[:, 1]
             mean = old_weight * old_means + new_weight * means
             variance = (old_weight * (old_variances + tf.square(old_means - mean))
@@ -246,7 +268,7 @@ class StepState:
                     variances_buffer.assign(variance)]
 
         def reader():
-            counts = tf.split(counts_buffer.read(), len(pooled))
+            counts = tf.unstack(counts_buffer.read(), num=len(pooled))
             means = tf.split(means_buffer.read(), channels)
             variances = tf.split(variances_buffer.read(), channels)
             for entry, count, mean, variance in zip(pooled, counts, means, variances):
