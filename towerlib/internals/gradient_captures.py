@@ -64,7 +64,10 @@ class _CaptureIndex:
 
     def consumers(self, tensor, func_graphs):
         found = tensor.consumers()
+        own_graph = tensor.graph
         for graph in func_graphs:
+            if graph is own_graph:  # a graph never captures its own tensors
+                continue
             for placeholder in self.lookup(graph)[2].get(id(tensor), ()):
                 found.extend(self.consumers(placeholder, func_graphs))
         return found

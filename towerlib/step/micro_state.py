@@ -58,28 +58,49 @@ def _flat(tensor, vector_shape):
 
 
 class _Buffer:
-    """A resource holding one tensor, on one device, reset to `zeros` before each loop."""
+    """A resource holding one tensor, on one device, reset to `zeros` before each loop.
+
+    The loop's body names the resource with a handle op of its own (the same
+    shared name) instead of capturing the outer handle: a capture would cost
+    the loop an input, an output and a placeholder in each of its functions,
+    and every tf.gradients call in the body a longer capture list.
+    """
 
     def __init__(self, shape, dtype, device, name, zeros):
         self.shape, self.dtype, self.device = tf.TensorShape(shape), tf.as_dtype(dtype), device
         with tf.device(device), tf.init_scope():
-            unique = tf.compat.v1.get_default_graph().unique_name(f"accumulation/{name}")
+            self._shared_name = tf.compat.v1.get_default_graph().unique_name(
+                f"accumulation/{name}")
             self.handle = tf.raw_ops.VarHandleOp(
-                dtype=self.dtype, shape=self.shape, shared_name=unique, name=unique)
+                dtype=self.dtype, shape=self.shape, shared_name=self._shared_name,
+                name=self._shared_name)
             self.reset = tf.raw_ops.AssignVariableOp(
                 resource=self.handle, value=zeros.get(self.shape, self.dtype, device))
+        self._body_handle = None
+
+    def _handle_here(self):
+        """The handle in the graph being built: the outer one, or the body's own."""
+        graph = tf.compat.v1.get_default_graph()
+        if graph is self.handle.graph:
+            return self.handle
+        if self._body_handle is None or self._body_handle.graph is not graph:
+            with tf.device(self.device):
+                self._body_handle = tf.raw_ops.VarHandleOp(
+                    dtype=self.dtype, shape=self.shape, shared_name=self._shared_name,
+                    name="buffer")
+        return self._body_handle
 
     def read(self):
         with tf.device(self.device):
-            value = tf.raw_ops.ReadVariableOp(resource=self.handle, dtype=self.dtype)
+            value = tf.raw_ops.ReadVariableOp(resource=self._handle_here(), dtype=self.dtype)
         value.set_shape(self.shape)
         return value
 
     def assign(self, value):
-        return tf.raw_ops.AssignVariableOp(resource=self.handle, value=value)
+        return tf.raw_ops.AssignVariableOp(resource=self._handle_here(), value=value)
 
     def assign_add(self, value):
-        return tf.raw_ops.AssignAddVariableOp(resource=self.handle, value=value)
+        return tf.raw_ops.AssignAddVariableOp(resource=self._handle_here(), value=value)
 
 
 class _Zeros:
@@ -249,9 +270,13 @@ class StepState:
         means_buffer = self._buffer([sum(channels)], tf.float32, tower_index, "kept_means")
         variances_buffer = self._buffer([sum(channels)], tf.float32, tower_index,
                                         "kept_variances")
-        layer_of_channel = np.repeat(np.arange(len(pooled), dtype=np.int32), channels)
+        layer_ends = np.cumsum(channels).astype(np.int32)  # [L]; layer l ends at layer_ends[l]
 
         def emit():
+            # Each channel's layer: how many layers end at or before it (a small
+            # constant, where the index itself would put sum C ints in the GraphDef).
+            layer_of_channel = tf.searchsorted(layer_ends, tf.range(int(layer_ends[-1])),
+                                               side="right")
             counts = tf.stack([e.values[0] for e in pooled])
             means, variances = [tf.concat([e.values[part] for e in pooled], axis=0)
                                 for part in (1, 2)]
