@@ -165,3 +165,24 @@ def test_first_step_logs_no_failed_topological_sort():
     failures = [line for line in run.stderr.splitlines()
                 if any(failure in line for failure in SORT_FAILURES)]
     assert not failures, failures
+
+
+def test_the_bodys_buffer_handles_name_the_outer_buffers():
+    """The body names each step-local buffer by a handle op of its own: same resource
+    (shared name, container), device, dtype and shape as the outer one; none captured."""
+    graph, train = _build(2, 2)
+    graph_def = graph.as_graph_def()
+    outer = {node.attr["shared_name"].s: node for node in graph_def.node
+             if node.op == "VarHandleOp" and node.attr["shared_name"].s.startswith(b"accumulation/")}
+    inner = [node for function in graph_def.library.function for node in function.node_def
+             if node.op == "VarHandleOp"]
+    assert len(outer) == len(train.accumulation_buffers) and inner
+    assert {node.attr["shared_name"].s for node in inner} == set(outer)
+    for node in inner:
+        twin = outer[node.attr["shared_name"].s]
+        assert node.device == twin.device != ""
+        for attr in ("container", "dtype", "shape"):
+            assert node.attr[attr] == twin.attr[attr], (node.name, attr)
+    loop = [node for node in graph_def.node if node.op == "While"][0]
+    captured = {name.split(":")[0].lstrip("^") for name in loop.input}
+    assert not captured & {node.name for node in outer.values()}

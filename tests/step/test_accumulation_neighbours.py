@@ -6,6 +6,8 @@ a numerics guard, grouped update ops and sync batch norm, and check that
 each still computes what it does without accumulation.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -133,3 +135,28 @@ def test_sync_batch_norm_collectives_in_the_loop_are_seen():
         helpers.build_on_image_batch(2, tower_fn=helpers.conv_bn_model, bn_mode="sync",
                                      accumulation_steps=2, exchange=towerlib.CollectiveExchange())
         assert safety.has_towerlib_collectives(graph)
+
+
+def _trained_weights(accumulation_steps, container=None):
+    images, labels = helpers.image_batch(8, seed=24)
+    with tf.Graph().as_default():
+        scope = tf.compat.v1.container(container) if container else contextlib.nullcontext()
+        with scope:
+            train = towerlib.build_train_graph(
+                helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+                tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), devices=helpers.cpu_devices(2),
+                accumulation_steps=accumulation_steps)
+        weights = tf.compat.v1.trainable_variables()
+        with _session() as session:
+            train.initialize(session)
+            helpers.load_values(session, weights, helpers.initial_values_for(weights))
+            for _ in range(2):
+                session.run(train.train_op)
+            return {v.op.name: session.run(v) for v in weights}
+
+
+def test_a_step_built_in_a_resource_container_accumulates_into_its_buffers():
+    """The body names each buffer by a handle of its own: it must carry the container."""
+    one_batch = _trained_weights(1)
+    accumulated = _trained_weights(2, container="step_state")
+    assert helpers.max_abs_difference(accumulated, one_batch) <= 1e-5

@@ -10,6 +10,7 @@ buffers instead, made here as the body asks for them:
   loop (tf.init_scope) as a bare resource (tf.raw_ops.VarHandleOp): not a
   tf.Variable, so not in any collection, never saved, never initialized
   (a tf.Variable costs a few milliseconds to build, a handle next to nothing);
+  the body names it by a handle op of its own rather than capturing it;
 - set to zero before the loop, every step: the loop's counter reads a
   token that waits for the resets, so a step starts from zeros whatever an
   earlier step cut short left behind;
@@ -79,15 +80,20 @@ class _Buffer:
         self._body_handle = None
 
     def _handle_here(self):
-        """The handle in the graph being built: the outer one, or the body's own."""
+        """The handle in the graph being built: the outer one, or the body's own.
+
+        The body's names the same resource: the same shared name, container
+        and device as the outer handle (no device function runs for it: one
+        could place it elsewhere)."""
         graph = tf.compat.v1.get_default_graph()
         if graph is self.handle.graph:
             return self.handle
         if self._body_handle is None or self._body_handle.graph is not graph:
-            with tf.device(self.device):
+            with tf.compat.v1.device(None), tf.device(self.handle.device):
                 self._body_handle = tf.raw_ops.VarHandleOp(
                     dtype=self.dtype, shape=self.shape, shared_name=self._shared_name,
-                    name="buffer")
+                    container=self.handle.op.get_attr("container"),
+                    name=self._shared_name.rsplit("/", 1)[-1])
         return self._body_handle
 
     def read(self):
@@ -163,7 +169,13 @@ class StepState:
 
     def pool(self, key, statistics, tower_index):
         """Keeps the pooled (count, mean [C], variance [C]) of a BatchNormStatistics."""
-        values = [tf.cast(statistics.count, tf.float32),
+        count = tf.cast(statistics.count, tf.float32)
+        if count.shape.rank is None:
+            count = tf.reshape(count, [])
+        elif count.shape.rank != 0:
+            raise ValueError(f"StepState.pool({key!r}): the count must be a scalar, "
+                             f"not of shape {count.shape}.")
+        values = [count,
                   tf.cast(statistics.mean, tf.float32), tf.cast(statistics.variance, tf.float32)]
         shapes = [tf.TensorShape([]), statistics.mean.shape, statistics.variance.shape]
         self._keep(key, "pool", values, shapes, tower_index)
@@ -252,7 +264,8 @@ class StepState:
         self._readers.append(reader)
 
         def emit():
-            vector_shape = tf.constant([-1], name="vector_shape")
+            vector_shape = (tf.constant([-1], name="vector_shape")
+                            if any(e.values[0].shape.rank != 1 for e in group) else None)
             return [buffer.assign_add(
                 tf.concat([_flat(e.values[0], vector_shape) for e in group], axis=0))]
 
