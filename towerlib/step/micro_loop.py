@@ -50,7 +50,7 @@ from typing import Any, Callable, List
 
 import tensorflow as tf
 
-from towerlib.internals import function_graphs, gradient_captures
+from towerlib.internals import device_scopes, function_graphs, gradient_captures
 from towerlib.step.context import TowerRecords
 from towerlib.step.micro_state import StepState
 
@@ -119,7 +119,9 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     def body(index):
         is_first = tf.equal(index, 0)
         weight_gate = tf.cast(is_first, tf.float32)
-        with towers_scope():
+        # The towers' own device scopes place them: the loop's host scope
+        # would only add a cost to each of their ops (see device_scopes).
+        with device_scopes.outer_device_scopes_set_aside(), towers_scope():
             micro = build_micro_batch(lambda ctx: stacks[ctx.index].micro_batch(index),
                                       weight_gate)
         state = StepState(devices)
