@@ -8,7 +8,6 @@ a process-wide counter, aside).
 
 import collections
 import contextlib
-import re
 import threading
 
 import numpy as np
@@ -17,44 +16,13 @@ import tensorflow as tf
 
 import towerlib
 from towerlib.internals import gradient_captures
+from tests.internals.graph_text import canonical_graph_text
 from tensorflow.python.ops import gradients_util
 
 
 def _broken(detail):
     pytest.fail(f"TensorFlow {tf.__version__}: towerlib.internals.gradient_captures relies on "
                 f"{detail}", pytrace=False)
-
-
-def _canonical(graph):
-    """The GraphDef as text without the process-wide counters in names: each function
-    renamed by the order in which the graph first refers to it, and custom gradients'
-    ids renumbered the same way."""
-    graph_def = graph.as_graph_def()
-    functions = {f.signature.name: f for f in graph_def.library.function}
-    pattern = re.compile("|".join(rf"\b{re.escape(name)}(?!\d)"
-                                  for name in sorted(functions, key=len, reverse=True)))
-    order = {}
-
-    def renamed(text):
-        if not functions:
-            return text
-        for match in pattern.finditer(text):
-            order.setdefault(match.group(0), f"function_{len(order)}")
-        return pattern.sub(lambda match: order[match.group(0)], text)
-
-    ids = {}
-
-    def renumbered(text):  # tf.custom_gradient's ids count across the process too
-        return re.sub(r"CustomGradient-(\d+)",
-                      lambda m: f"CustomGradient-{ids.setdefault(m.group(1), len(ids))}", text)
-
-    parts = [len(functions), renumbered(renamed("".join(str(node) for node in graph_def.node)))]
-    done = set()
-    while len(done) < len(order):  # each function once, in the order first referred to
-        for name in [n for n in order if n not in done]:
-            done.add(name)
-            parts.append(renumbered(renamed(str(functions[name]))))
-    return parts
 
 
 def _gradients_in_nested_bodies():
@@ -196,7 +164,7 @@ def test_gradients_in_nested_bodies_build_the_same_graph_and_are_connected():
         indexed, indexed_found = _gradients_in_nested_bodies()
     assert all(g is not None for g in indexed_found[0])
     assert isinstance(indexed_found[0][1], tf.IndexedSlices)
-    assert _canonical(indexed) == _canonical(plain)
+    assert canonical_graph_text(indexed) == canonical_graph_text(plain)
 
 
 def test_an_accumulated_step_builds_the_same_graph(monkeypatch):
@@ -222,7 +190,7 @@ def test_an_accumulated_step_builds_the_same_graph(monkeypatch):
     indexed = build()
     monkeypatch.setattr(gradient_captures, "indexed_capture_lookups", contextlib.nullcontext)
     plain = build()
-    assert _canonical(indexed) == _canonical(plain)
+    assert canonical_graph_text(indexed) == canonical_graph_text(plain)
 
 
 def _swapped_functions():
@@ -289,4 +257,4 @@ def test_two_gradient_calls_in_one_body_the_second_on_a_newly_captured_variable(
     with gradient_captures.indexed_capture_lookups():
         indexed, found = build()
     assert all(gradient is not None for gradient in found)
-    assert _canonical(indexed) == _canonical(plain)
+    assert canonical_graph_text(indexed) == canonical_graph_text(plain)

@@ -50,7 +50,8 @@ from typing import Any, Callable, List
 
 import tensorflow as tf
 
-from towerlib.internals import device_scopes, function_graphs, gradient_captures
+from towerlib.internals import (device_scopes, function_graphs, function_reentry,
+                                gradient_captures)
 from towerlib.step.context import TowerRecords
 from towerlib.step.micro_state import StepState
 
@@ -117,6 +118,10 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     towers_scope = _towers_scope(graph, len(devices))
 
     def body(index):
+        with function_reentry.plain_reentry(tf.compat.v1.get_default_graph()):
+            return build_body(index)
+
+    def build_body(index):
         is_first = tf.equal(index, 0)
         weight_gate = tf.cast(is_first, tf.float32)
         # The towers' own device scopes place them: the loop's host scope
