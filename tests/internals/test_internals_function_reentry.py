@@ -85,8 +85,9 @@ def test_inside_the_shortcut_the_body_builds_the_same_ops_on_the_same_devices():
 
     with_shortcut, without = graph_def(True), graph_def(False)
     assert canonical_graph_text(with_shortcut) == canonical_graph_text(without)
-    body = with_shortcut.as_graph_def().library.function[0]
-    devices = {node.name: node.device for node in body.node_def}
+    devices = {node.name: node.device
+               for function in with_shortcut.as_graph_def().library.function
+               if "body" in function.signature.name for node in function.node_def}
     assert devices["on_cpu_1"] == "/device:CPU:1" and devices["Sum"] == "/device:CPU:0"
 
 
