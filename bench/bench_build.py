@@ -159,7 +159,8 @@ def _child_main(spec: dict) -> None:
 
 
 class _GcClock:
-    """CPU time in Python's garbage collector, and its full (generation 2) collections.
+    """CPU time in Python's garbage collector (the building thread's), and its full
+    (generation 2) collections.
 
     A build makes ~300k long-lived Python objects; a full collection walks
     all of them and comes each time their number has grown by a quarter,
@@ -173,9 +174,9 @@ class _GcClock:
 
     def _on_collection(self, phase, info):
         if phase == "start":
-            self._started = time.process_time()
+            self._started = time.thread_time()
         elif self._started is not None:
-            self._seconds += time.process_time() - self._started
+            self._seconds += time.thread_time() - self._started
             self._full += info["generation"] == 2
             self._started = None
 

@@ -7,10 +7,12 @@ it relies on.
 
 import contextlib
 import inspect
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 
 import towerlib
 
@@ -92,6 +94,8 @@ def test_inside_the_shortcut_the_body_builds_the_same_ops_on_the_same_devices():
 
 
 def test_entries_take_the_plain_path_only_while_the_body_is_the_default():
+    """Entered while another graph is the default, the body still copies that graph's
+    device scopes (FuncGraph's own path): an op built then gets the other's device."""
     seen = {}
 
     def build(index):
@@ -99,17 +103,34 @@ def test_entries_take_the_plain_path_only_while_the_body_is_the_default():
         with function_reentry.plain_reentry(body):
             with body.as_default() as entered:
                 seen["entered"] = entered
-            with tf.Graph().as_default() as other:  # another graph is the default now
-                with body.as_default():  # FuncGraph's own path: it copies other's stacks
+            with tf.Graph().as_default() as other, \
+                    other.device(lambda op: op.device or "/device:CPU:3"):
+                with body.as_default():
                     seen["inside"] = tf.compat.v1.get_default_graph()
+                    seen["device"] = tf.constant(1.0).op.device
             seen["shortcut"] = not inspect.ismethod(body.as_default)
         seen["restored"] = inspect.ismethod(body.as_default)
-        seen["body"], seen["other"] = body, other
+        seen["body"] = body
 
     with tf.Graph().as_default():
         _in_body(build)
     assert seen["entered"] is seen["body"] and seen["inside"] is seen["body"]
+    assert seen["device"] == "/device:CPU:3"
     assert seen["shortcut"] and seen["restored"]
+
+
+def test_the_entry_it_skips_sets_only_what_it_argues_about():
+    """FuncGraph's entry, skipped when the body is already the default: plain_reentry's
+    argument covers the attributes it sets today; a new one needs a new look."""
+    entry = getattr(func_graph, "_func_graph_as_default_inner_cm", None)
+    if entry is None:
+        _broken("FuncGraph.as_default's _func_graph_as_default_inner_cm")
+    source = inspect.getsource(entry)
+    assigned = set(re.findall(r"func_graph\.(_\w+)\s*=", source))
+    expected = {"_distribution_strategy_stack", "_device_function_stack",
+                "_variable_creator_stack", "_graph_key", "_scope_exit_callbacks"}
+    if assigned != expected:
+        _broken(f"FuncGraph.as_default setting {sorted(expected)}; it sets {sorted(assigned)}")
 
 
 def test_the_class_method_comes_back_after_an_error_and_nesting_is_harmless():

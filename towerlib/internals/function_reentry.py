@@ -6,16 +6,22 @@ for every op they build (``op_def_library._apply_op_helper`` runs
 itself, and ``FuncGraph.as_default`` does more than ``Graph.as_default``:
 it copies the enclosing default graph's distribution-strategy, device
 (when it holds a device function) and variable-creator stacks into the
-body and puts them back on exit. When the body is already the default,
+body (and its graph key), gives it a fresh list of scope-exit callbacks,
+and puts all of them back on exit. When the body is already the default,
 the graph it copies from is the body itself, so the copies change nothing
 that outlives the entry; they cost ~10 us per op, ~0.3 s of the 38k ops of
-8 towers' accumulation loop (towerlib.step.micro_loop).
+8 towers' accumulation loop (towerlib.step.micro_loop). One difference: a
+scope-exit callback registered during a skipped entry runs when the body's
+own entry ends instead (TensorFlow registers them only for tf_should_use's
+error_in_function, which nothing in TensorFlow sets).
 
 Within ``plain_reentry(graph)`` such an entry is ``Graph.as_default``; an
 entry while another graph is the default still takes FuncGraph's path.
 Only `graph` (one object) is changed, by an instance attribute that
 shadows the class's method, removed on exit. Relies on FuncGraph's
-``as_default`` being an ordinary method of the class.
+``as_default`` being an ordinary method of the class, and on what its
+entry (``func_graph._func_graph_as_default_inner_cm``) sets: a test fails
+when either changes.
 """
 
 import contextlib

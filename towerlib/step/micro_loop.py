@@ -115,6 +115,7 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     """
     built = {}
     graph = tf.compat.v1.get_default_graph()
+    build_scopes = device_scopes.open_scopes()
     towers_scope = _towers_scope(graph, len(devices))
 
     def body(index):
@@ -124,9 +125,9 @@ def accumulate(build_micro_batch: Callable, stacks, accumulation_steps: int,
     def build_body(index):
         is_first = tf.equal(index, 0)
         weight_gate = tf.cast(is_first, tf.float32)
-        # The towers' own device scopes place them: the loop's host scope
-        # would only add a cost to each of their ops (see device_scopes).
-        with device_scopes.outer_device_scopes_set_aside(), towers_scope():
+        # The towers see the device scopes around the build, as at k = 1, not the
+        # loop's host scope, which each of their ops would pay for (device_scopes).
+        with device_scopes.scopes_replaced_by(build_scopes), towers_scope():
             micro = build_micro_batch(lambda ctx: stacks[ctx.index].micro_batch(index),
                                       weight_gate)
         state = StepState(devices)
