@@ -8,11 +8,10 @@ k = 1 is under the scopes a user opens around the build.
 
 import contextlib
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
-import towerlib
+from tests.internals.tiny_step import build_tiny_step
 from towerlib.internals import device_scopes
 
 
@@ -110,20 +109,8 @@ def _devices_of_a_step(accumulation_steps, outer_scope, set_aside=True, monkeypa
                             lambda scopes: contextlib.nullcontext())
     graph = tf.Graph()
     with graph.as_default():
-        images = tf.constant(np.linspace(-1, 1, 8 * 6, dtype=np.float32).reshape(8, 6))
-        labels = tf.constant([0, 1, 2, 0, 1, 2, 0, 1])
-
-        def tower_fn(inputs, ctx):
-            x, y = inputs
-            logits = tf.matmul(x, tf.compat.v1.get_variable("w", [6, 3]))
-            return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=y, logits=logits))
-
-        with outer_scope():
-            towerlib.build_train_graph(
-                tower_fn, (images, labels), tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-                devices=["/device:CPU:0", "/device:CPU:1"],
-                accumulation_steps=accumulation_steps)
+        build_tiny_step(accumulation_steps=accumulation_steps, update="parameter_server",
+                        bn_mode="first_tower", batch_norm=False, outer_scope=outer_scope)
     graph_def = graph.as_graph_def()
     devices = {node.name: node.device for node in graph_def.node}
     for function in graph_def.library.function:

@@ -9,14 +9,12 @@ import contextlib
 import inspect
 import re
 
-import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
 
-import towerlib
-
 from tests.internals.graph_text import canonical_graph_text
+from tests.internals.tiny_step import build_tiny_step
 from towerlib.internals import function_reentry
 
 
@@ -163,23 +161,9 @@ def test_an_accumulated_step_builds_the_same_graph(monkeypatch):
     def build():
         graph = tf.Graph()
         with graph.as_default():
-            images = tf.constant(np.linspace(-1, 1, 8 * 6, dtype=np.float32).reshape(8, 6))
-            labels = tf.constant([0, 1, 2, 0, 1, 2, 0, 1])
-
-            def tower_fn(inputs, ctx):
-                x, y = inputs
-                hidden = tf.matmul(x, tf.compat.v1.get_variable("w", [6, 3]))
-                hidden = towerlib.batch_norm(hidden, ctx, name="bn")
-                return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=y, logits=hidden))
-
             for update in ("replicated", "parameter_server"):
                 with tf.compat.v1.variable_scope(update):
-                    towerlib.build_train_graph(
-                        tower_fn, (images, labels),
-                        tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-                        devices=["/device:CPU:0", "/device:CPU:1"], accumulation_steps=2,
-                        update=update, bn_mode="sync")
+                    build_tiny_step(update=update)
         return graph
 
     shortcut = build()

@@ -10,13 +10,12 @@ import collections
 import contextlib
 import threading
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
-import towerlib
 from towerlib.internals import gradient_captures
 from tests.internals.graph_text import canonical_graph_text
+from tests.internals.tiny_step import build_tiny_step
 from tensorflow.python.ops import gradients_util
 
 
@@ -171,20 +170,7 @@ def test_an_accumulated_step_builds_the_same_graph(monkeypatch):
     def build():
         graph = tf.Graph()
         with graph.as_default():
-            images = tf.constant(np.linspace(-1, 1, 8 * 6, dtype=np.float32).reshape(8, 6))
-            labels = tf.constant([0, 1, 2, 0, 1, 2, 0, 1])
-
-            def tower_fn(inputs, ctx):
-                x, y = inputs
-                hidden = tf.matmul(x, tf.compat.v1.get_variable("w", [6, 3]))
-                hidden = towerlib.batch_norm(hidden, ctx, name="bn")
-                return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-                    labels=y, logits=hidden))
-
-            towerlib.build_train_graph(
-                tower_fn, (images, labels), tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-                devices=["/device:CPU:0", "/device:CPU:1"], accumulation_steps=2,
-                update="replicated", bn_mode="sync")
+            build_tiny_step()
         return graph
 
     indexed = build()
