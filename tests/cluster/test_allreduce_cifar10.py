@@ -7,7 +7,6 @@ included; the chief's checkpoint evaluates and exports as after a
 one-machine run. Mismatched flags are refused with the fix.
 """
 
-import os
 import sys
 
 import pytest

@@ -83,3 +83,24 @@ from towerlib.cluster.sync_replicas import (
     build_sync_train_graph,
     check_bn_mode_for_cluster,
 )
+
+__all__ = [
+    # all-reduce across workers, without ps tasks
+    "AllReduceTrainGraph", "WorkerLostError", "build_allreduce_train_graph",
+    "run_allreduce_training", "worker_train_dir",
+    # where ops and variables go
+    "AddressError", "ParameterServerPlacer", "session_config", "start_server",
+    "tower_devices",
+    # a lost ps task
+    "DEFAULT_PS_RESTART_TIMEOUT_SECS", "PsUnavailableError", "RecoveringSessionCreator",
+    # a lost worker
+    "DEFAULT_STEP_DEADLINE_SECS", "ReplicaLostError", "StepDeadlineHook",
+    # running to a clean end on every task
+    "ControlSession", "run_distributed_training", "run_parameter_server", "wait_for_ps_tasks",
+    # which cluster and which task
+    "CHIEF_JOB", "KNOWN_JOBS", "PS_JOB", "WORKER_JOB", "ClusterInfo", "cluster_from_flags",
+    "cluster_from_tf_config", "parse_host_list", "resolve_cluster",
+    # the synchronous step
+    "SyncReplicasInitHook", "SyncReplicasTowerOptimizer", "SyncTrainGraph",
+    "build_sync_train_graph", "check_bn_mode_for_cluster",
+]
