@@ -38,6 +38,7 @@ from towerlib.step.evaluation import EvalGraph, build_eval_graph
 from towerlib.step.inputs import split_global_batch
 from towerlib.step.summaries import strip_tower_prefix, tower_scalar
 from towerlib.step.towers import Tower, TowerModel, build_towers
+from towerlib.step.keras_tower import KerasTower
 from towerlib.step.build import build_train_graph
 from towerlib.step.train_graph import TrainGraph, ema_restore_map
 from towerlib.update.aggregation import aggregate_gradients
@@ -48,6 +49,7 @@ from towerlib.precision import loss_scaling
 
 # Batch norm.
 from towerlib.batchnorm.foreign import ForeignBatchNormError
+from towerlib.batchnorm.keras_layers import KerasBatchNormError
 from towerlib.batchnorm.normalization import batch_norm, pooled_statistics
 
 # Running: the loop, its hooks, checkpoints, faults.
@@ -71,7 +73,7 @@ __all__ = [
     "BFloat16", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
     "ParameterServer", "Replicated", "WorkerGroup",
     # Building and running the training step.
-    "BN_MODES", "EvalGraph", "StepLogger", "Tower", "TowerContext", "TowerModel",
+    "BN_MODES", "EvalGraph", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
     "batch_norm", "build_eval_graph", "build_towers", "build_train_graph", "ema_restore_map",
     "pooled_statistics", "run_training", "session_config", "split_global_batch",
@@ -81,6 +83,7 @@ __all__ = [
     "cluster", "exchange", "hooks", "layers", "loss_scaling", "mixed_precision",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
+    "KerasBatchNormError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
     "check_record_files", "find_restorable_checkpoint", "guard_numerics",
     # The input pipeline's position in checkpoints.

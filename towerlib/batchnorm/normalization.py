@@ -213,10 +213,7 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
     if channels is None:
         raise ValueError(f"batch_norm needs a known channel dimension (axis {axis}), "
                          f"got shape {x.shape}.")
-    reduce_axes = [a for a in range(rank) if a != axis]
     param_shape = [int(channels)]
-    broadcast_shape = [1] * rank
-    broadcast_shape[axis] = int(channels)
 
     with tf.compat.v1.variable_scope(name) as scope:
         beta = gamma = None  # center=False / scale=False: no offset / no scale
@@ -233,38 +230,60 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
             "moving_variance", param_shape, trainable=False,
             initializer=tf.compat.v1.ones_initializer())
 
-        normalized = None  # training normalizes with batch statistics itself
-        if ctx.is_training:
-            # Across workers one local tower still has peers (the reducer's group).
-            peers = ctx.cross_tower.group_size if ctx.cross_tower is not None else 1
-            synchronized = ctx.bn_mode == "sync" and max(ctx.num_towers, peers) > 1
-            normalized, count, mean, variance = _training_batch_norm(
-                x, reduce_axes, ctx, scope.name, beta, gamma, epsilon, synchronized)
-            statistics = BatchNormStatistics(
-                tower_index=ctx.index, count=tf.stop_gradient(count),
-                mean=tf.stop_gradient(mean), variance=tf.stop_gradient(variance),
-                moving_mean=moving_mean, moving_variance=moving_variance,
-                momentum=momentum)
-            if ctx.records is not None:
-                ctx.records.add_batch_norm(scope.name, statistics)
-            else:
-                for update in _updates_from(statistics):
-                    tf.compat.v1.add_to_collection(
-                        tf.compat.v1.GraphKeys.UPDATE_OPS, update)
+        return normalize_with_variables(
+            x, ctx, layer_name=scope.name, axis=axis, momentum=momentum, epsilon=epsilon,
+            beta=beta, gamma=gamma, moving_mean=moving_mean,
+            moving_variance=moving_variance)
+
+
+def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, beta, gamma,
+                             moving_mean, moving_variance):
+    """`batch_norm` on variables that already exist (a tf_keras layer's, say).
+
+    Args:
+      x: the input; `axis` (>= 0) its channel axis.
+      ctx: the TowerContext; is_training and bn_mode decide the statistics.
+      layer_name: the layer's name without any tower prefix, the same in
+        every tower: the key of its statistics in the build's TowerRecords.
+      beta, gamma: [C] variables, or None (center=False / scale=False).
+      moving_mean, moving_variance: [C] variables, updated as bn_mode says
+        (through ctx.records inside a builder, else UPDATE_OPS).
+
+    Returns:
+      A tensor shaped like x.
+    """
+    rank = x.shape.rank
+    reduce_axes = [a for a in range(rank) if a != axis]
+    if ctx.is_training:
+        # Across workers one local tower still has peers (the reducer's group).
+        peers = ctx.cross_tower.group_size if ctx.cross_tower is not None else 1
+        synchronized = ctx.bn_mode == "sync" and max(ctx.num_towers, peers) > 1
+        normalized, count, mean, variance = _training_batch_norm(
+            x, reduce_axes, ctx, layer_name, beta, gamma, epsilon, synchronized)
+        statistics = BatchNormStatistics(
+            tower_index=ctx.index, count=tf.stop_gradient(count),
+            mean=tf.stop_gradient(mean), variance=tf.stop_gradient(variance),
+            moving_mean=moving_mean, moving_variance=moving_variance,
+            momentum=momentum)
+        if ctx.records is not None:
+            ctx.records.add_batch_norm(layer_name, statistics)
         else:
-            mean, variance = moving_mean, moving_variance
-        if normalized is not None:
-            return normalized
+            for update in _updates_from(statistics):
+                tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
+        return normalized
 
-        def shaped(t):
-            # [C] broadcasts against a channels-last input as it is.
-            t = tf.cast(t, x.dtype)
-            return t if axis == rank - 1 else tf.reshape(t, broadcast_shape)
+    broadcast_shape = [1] * rank
+    broadcast_shape[axis] = int(x.shape[axis])
 
-        return tf.nn.batch_normalization(
-            x, shaped(mean), shaped(variance),
-            shaped(beta) if center else None,
-            shaped(gamma) if scale else None, epsilon)
+    def shaped(t):
+        # [C] broadcasts against a channels-last input as it is.
+        t = tf.cast(t, x.dtype)
+        return t if axis == rank - 1 else tf.reshape(t, broadcast_shape)
+
+    return tf.nn.batch_normalization(
+        x, shaped(moving_mean), shaped(moving_variance),
+        None if beta is None else shaped(beta),
+        None if gamma is None else shaped(gamma), epsilon)
 
 
 def _updates_from(statistics):

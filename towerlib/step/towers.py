@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 
 import tensorflow as tf
 
+from towerlib.batchnorm import keras_layers
 from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.checks import tower_batch
@@ -251,7 +252,8 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                 graph = tf.compat.v1.get_default_graph()
                 ops_before = len(graph.get_operations())
                 try:
-                    result = tower_fn(tower_inputs, ctx)
+                    with keras_layers.keras_batch_norm_in(ctx):
+                        result = tower_fn(tower_inputs, ctx)
                 except ValueError as error:
                     explained = tower_batch.explain_shape_error(
                         error, ctx, graph.get_operations()[ops_before:],
