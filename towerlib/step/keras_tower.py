@@ -171,8 +171,8 @@ def _check_model(model):
             "TF_USE_LEGACY_KERAS=1 before importing TensorFlow if your code says tf.keras).")
     if tf_keras.is_keras2_model(model):
         return
-    if callable(model) and not isinstance(model, (tf.Module, type)):
-        return  # a function that builds the model
+    if callable(model) and not isinstance(model, tf.Module):
+        return  # a function (or class) that builds the model
     raise TypeError(f"KerasTower's model must be a tf_keras.Model or a function that "
                     f"returns one, got {type(model).__name__}.")
 

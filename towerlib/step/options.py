@@ -33,9 +33,28 @@ __all__ = ["OPTION_CHECKS", "StepOptions", "check_ema_decay", "check_exchange_ap
            "resolve_workers"]
 
 
+# A Keras optimizer's class name -> the tf.compat.v1.train optimizer with its update.
+_TF1_EQUIVALENTS = {
+    "SGD": "MomentumOptimizer(learning_rate, momentum) (GradientDescentOptimizer "
+           "without momentum)",
+    "Adam": "AdamOptimizer(learning_rate, beta1, beta2, epsilon)",
+    "RMSprop": "RMSPropOptimizer(learning_rate, decay=rho, momentum, epsilon)",
+    "Adagrad": "AdagradOptimizer(learning_rate, initial_accumulator_value)",
+    "Adadelta": "AdadeltaOptimizer(learning_rate, rho, epsilon)",
+    "Ftrl": "FtrlOptimizer(learning_rate, ...)",
+}
+
+
 def check_optimizer(optimizer):
     """Refuses anything but a tf.compat.v1.train.Optimizer."""
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        equivalent = _TF1_EQUIVALENTS.get(type(optimizer).__name__)
+        if equivalent is not None and type(optimizer).__module__.split(".")[0] in (
+                "keras", "tf_keras", "tensorflow"):
+            raise TypeError(
+                f"optimizer is a Keras {type(optimizer).__name__}, which does not run in "
+                f"graph-mode towers. Fix: tf.compat.v1.train.{equivalent} (the same "
+                "update, applied once per global batch by towerlib).")
         raise TypeError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (e.g. "
             f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
