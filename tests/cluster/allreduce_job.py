@@ -55,6 +55,26 @@ def model(inputs, ctx):
         labels=y, logits=logits))
 
 
+def keras_tower():
+    """The same network as `model`, as a tf_keras model (its variables keep Keras' names)."""
+    import tf_keras  # only the Keras runs need it
+
+    def build():
+        inputs = tf_keras.Input((FEATURES,))
+        h = tf_keras.layers.Dense(5, use_bias=False, name="w1")(inputs)
+        h = tf_keras.layers.BatchNormalization(name="bn", momentum=0.8)(h)
+        h = tf_keras.layers.Activation("tanh")(h)
+        logits = tf_keras.layers.Dense(
+            3, use_bias=False, name="w2",
+            kernel_regularizer=lambda w: 1e-3 * tf.nn.l2_loss(w))(h)
+        return tf_keras.Model(inputs, logits)
+
+    def loss(labels, logits):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
+
+    return towerlib.KerasTower(build, loss)
+
+
 def optimizer(name):
     return {"sgd": tf.compat.v1.train.GradientDescentOptimizer(0.3),
             "momentum": tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
@@ -71,6 +91,7 @@ def main():
     parser.add_argument("--bn_mode", default="sync")
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--accumulation_steps", type=int, default=1)
+    parser.add_argument("--model", choices=["towerlib", "keras"], default="towerlib")
     parser.add_argument("--init", required=True)
     parser.add_argument("--out", required=True)
     run(parser.parse_args())
@@ -106,14 +127,15 @@ def run(args):
 
         options = dict(bn_mode=args.bn_mode, accumulation_steps=k, summaries=False,
                        update=towerlib.Replicated(pack_bytes=64))
+        tower = keras_tower() if getattr(args, "model", "towerlib") == "keras" else model
         if args.role == "worker":
             graph = cluster_lib.build_sync_train_graph(
-                model, input_fn, optimizer(args.optimizer), cluster,
+                tower, input_fn, optimizer(args.optimizer), cluster,
                 num_towers=args.towers, device_type="cpu", **options)
             train = graph.train_graph
         else:
             train = towerlib.build_train_graph(
-                model, input_fn, optimizer(args.optimizer), num_towers=args.towers,
+                tower, input_fn, optimizer(args.optimizer), num_towers=args.towers,
                 device_type="cpu", **options)
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         with tf.compat.v1.Session(target, config=config) as session:

@@ -46,20 +46,25 @@ def plain_name(name):
 
 
 CASES = [
-    # workers, towers per worker, bn_mode, optimizer, accumulation_steps
-    (2, 2, "sync", "momentum", 1),
-    (2, 2, "all_towers", "adam", 2),
-    (2, 2, "first_tower", "sgd", 1),
-    (3, 1, "sync", "adam", 1),
-    (3, 1, "first_tower", "momentum", 1),
-    (3, 1, "all_towers", "sgd", 1),
+    # workers, towers per worker, bn_mode, optimizer, accumulation_steps, model
+    (2, 2, "sync", "momentum", 1, "towerlib"),
+    (2, 2, "all_towers", "adam", 2, "towerlib"),
+    (2, 2, "first_tower", "sgd", 1, "towerlib"),
+    (3, 1, "sync", "adam", 1, "towerlib"),
+    (3, 1, "first_tower", "momentum", 1, "towerlib"),
+    (3, 1, "all_towers", "sgd", 1, "towerlib"),
+    # The same network as a tf_keras model (towerlib.KerasTower).
+    (2, 2, "sync", "momentum", 1, "keras"),
+    (2, 2, "all_towers", "adam", 2, "keras"),
 ]
+# The weights each model names, and the first one's prefix (its slots are under it).
+WEIGHTS = {"towerlib": ({"w1", "w2"}, "w1/"), "keras": ({"w1/kernel", "w2/kernel"}, "w1/kernel/")}
 
 
-@pytest.mark.parametrize("workers, towers, bn_mode, optimizer, steps", CASES)
+@pytest.mark.parametrize("workers, towers, bn_mode, optimizer, steps, model", CASES)
 def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, workers, towers,
-                                                     bn_mode, optimizer, steps):
-    common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}",
+                                                     bn_mode, optimizer, steps, model):
+    common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", f"--model={model}",
               f"--accumulation_steps={steps}", f"--init={tmp_path / 'init.npz'}"]
     ports = ",".join(str(p) for p in free_ports(workers))
     for task in range(workers):
@@ -76,7 +81,7 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
         with tf.Graph().as_default():
             allreduce_job.run(argparse.Namespace(
                 role=role, task=0, workers=1, towers=count, ports="", bn_mode=bn_mode,
-                optimizer=optimizer, accumulation_steps=steps,
+                optimizer=optimizer, accumulation_steps=steps, model=model,
                 init=str(tmp_path / "init.npz"), out=str(tmp_path / f"{role}.npz")))
     for name in [f"worker{t}" for t in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
@@ -90,13 +95,15 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
                     worker[name], chief[plain_name(name)],
                     err_msg=f"worker {task}'s {name} differs from the chief's tower 0")
         np.testing.assert_array_equal(worker["losses"], chief["losses"])
+    weights, first = WEIGHTS[model]
     for role in references:
         reference = np.load(tmp_path / f"{role}.npz")
         compared = [n for n in reference.files if "/" not in n or not n.startswith("replicated")]
-        assert {"w1", "w2", "bn/moving_mean", "bn/moving_variance", "global_step"} <= set(compared)
+        assert weights | {"bn/moving_mean", "bn/moving_variance", "global_step"} <= set(compared)
         for name in compared:
             np.testing.assert_allclose(chief[name], reference[name], rtol=0, atol=1e-5,
                                        err_msg=f"{name}: workers vs {role}")
-    slots = [n for n in chief.files if n.startswith("w1/") and n.count("/") == 1]
+    slots = [n for n in chief.files
+             if n.startswith(first) and n.count("/") == first.count("/")]
     assert len(slots) == {"sgd": 0, "momentum": 1, "adam": 2}[optimizer], slots
     assert int(chief["global_step"]) == 5

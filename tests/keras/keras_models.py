@@ -66,8 +66,8 @@ def towerlib_tower(weights=None, momentum=0.9):
 
     def variable(name, trainable=True, regularizer=None):
         return tf.compat.v1.get_variable(
-            name, initializer=tf.constant(weights[name]), trainable=trainable,
-            regularizer=regularizer)
+            name, weights[name].shape, initializer=tf.compat.v1.constant_initializer(
+                weights[name]), trainable=trainable, regularizer=regularizer)
 
     def tower(inputs, ctx):
         images, labels = inputs

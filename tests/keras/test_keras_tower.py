@@ -136,3 +136,28 @@ def _numpy_conv(images, kernel):
             out += np.einsum("nhwc,cd->nhwd", images[:, i:i + height - 2, j:j + width - 2],
                              kernel[i, j])
     return out
+
+
+@pytest.mark.parametrize("update", sorted(UPDATES))
+def test_accumulated_keras_steps_equal_towerlibs_batch_norm(update):
+    """k = 2 micro-batches: the model is called in the accumulation loop's body."""
+    images, labels = km.batch(12)
+    for bn_mode in ("all_towers", "sync"):
+        graphs = []
+        for make in (keras_tower, km.towerlib_tower):
+            graphs.append(_accumulated(make, images, labels, UPDATES[update](), bn_mode))
+        assert_close(graphs[0], graphs[1], what=f"k=2 {bn_mode} {update}")
+
+
+def _accumulated(make, images, labels, update, bn_mode):
+    with tf.Graph().as_default():
+        train = towerlib.build_train_graph(
+            make(), (tf.constant(images), tf.constant(labels)), km.optimizer("momentum"),
+            num_towers=2, bn_mode=bn_mode, update=update, accumulation_steps=2)
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
+            for _ in range(3):
+                session.run(train.train_op)
+            return session.run(variables)
