@@ -29,7 +29,8 @@ __all__ = ["CifarModel", "ConvNet", "MODEL_NAMES", "ResNet", "inference_logits",
 
 NUM_CLASSES = 10
 STANDARD_RESNET_DEPTHS = (20, 32, 44, 56, 110)
-MODEL_NAMES = ("convnet",) + tuple("resnet%d" % d for d in STANDARD_RESNET_DEPTHS)
+MODEL_NAMES = (("convnet",) + tuple("resnet%d" % d for d in STANDARD_RESNET_DEPTHS)
+               + ("keras_resnet20",))
 
 
 class ResNet(CifarModel):
@@ -94,16 +95,20 @@ class ResNet(CifarModel):
 def make_model(
     name: str, weight_decay: Optional[float] = None, bn_momentum: float = 0.99
 ) -> CifarModel:
-    """The model called ``name``: 'convnet' or 'resnet<6n+2>' (resnet20, resnet32, ...).
+    """The model called ``name``: 'convnet', 'resnet<6n+2>' (resnet20, resnet32, ...) or
+    'keras_resnet<6n+2>', the same ResNet as a tf_keras model (examples.cifar10.keras_resnet).
 
     Raises:
       ValueError: an unknown name, listing the known ones.
     """
     if name == "convnet":
         return ConvNet(weight_decay, bn_momentum)
-    match = re.fullmatch(r"resnet(\d+)", name or "")
+    match = re.fullmatch(r"(keras_)?resnet(\d+)", name or "")
+    if match and match.group(1):
+        from examples.cifar10.keras_resnet import KerasResNet  # imports tf_keras when built
+        return KerasResNet(int(match.group(2)), weight_decay, bn_momentum)
     if match:
-        return ResNet(int(match.group(1)), weight_decay, bn_momentum)
+        return ResNet(int(match.group(2)), weight_decay, bn_momentum)
     raise ValueError(
         "Unknown model %r. Choose one of %s (any resnet depth 6n+2 works, "
         "e.g. resnet8 for quick tests)." % (name, ", ".join(MODEL_NAMES))

@@ -66,7 +66,8 @@ TRAIN_FLAGS = (
     (flags.DEFINE_string, "download_url", download.DEFAULT_URL,
      "Where --download fetches from."),
     (flags.DEFINE_string, "model", "convnet",
-     "convnet (the tutorial network) or resnet20/32/44/56/110 (any 6n+2 depth)."),
+     "convnet (the tutorial network), resnet20/32/44/56/110 (any 6n+2 depth), or "
+     "keras_resnet20 (the same ResNet as a tf_keras model; needs tf_keras)."),
     (flags.DEFINE_string, "augmentation", "",
      "tutorial or resnet; empty: the model's own (tutorial for convnet, resnet for ResNets)."),
     (flags.DEFINE_integer, "num_towers", 0,

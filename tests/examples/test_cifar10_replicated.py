@@ -134,12 +134,14 @@ def test_a_run_saved_before_the_flags_existed_loads_as_parameter_server(tmp_path
 # --- a short replicated run of the train script, evaluated and exported (slow) -------------
 
 
-@pytest.fixture(scope="module")
-def replicated_run(tmp_path_factory):
-    """The train script with --variable_update=replicated: resnet8 on 2 CPU towers for
-    REPLICATED_STEPS steps with a weight EMA, on the generated data."""
+@pytest.fixture(scope="module", params=["resnet8", "keras_resnet8"])
+def replicated_run(tmp_path_factory, request):
+    """The train script with --variable_update=replicated: resnet8 (towerlib layers, or the
+    same ResNet as a tf_keras model) on 2 CPU towers for REPLICATED_STEPS steps with a
+    weight EMA, on the generated data."""
     config = short_run_config(
         str(tmp_path_factory.mktemp("replicated")),
+        model=request.param,
         variable_update="replicated",
         max_steps=REPLICATED_STEPS,
         ema_decay=0.9,

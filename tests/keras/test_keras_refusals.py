@@ -111,3 +111,36 @@ def test_a_subclassed_model_from_a_function_trains_with_dropout_and_keras_names(
                      "subclassed/logits/kernel"]
     assert dropout_ops  # training=True reached the dropout layer of every tower
     assert abs(after - before).max() > 1e-4
+
+
+IMPORTED_IN_THE_TOWER = r"""
+import sys
+import numpy as np
+import tensorflow as tf
+import towerlib
+assert "tf_keras" not in sys.modules
+
+def tower(inputs, ctx):
+    import tf_keras  # first imported here, after towerlib routed tower 0's batch norm
+    x, y = inputs
+    h = tf_keras.layers.BatchNormalization(name="late_bn")(x, training=True)
+    return tf.reduce_mean(tf.square(h))
+
+with tf.Graph().as_default():
+    batch = (tf.constant(np.ones([4, 3], np.float32)), tf.constant(np.ones([4], np.int32)))
+    try:
+        towerlib.build_train_graph(tower, batch, tf.compat.v1.train.GradientDescentOptimizer(
+            0.1), num_towers=2, bn_mode="first_tower")
+    except towerlib.KerasBatchNormError as error:
+        print("REFUSED:", str(error).splitlines()[0])
+"""
+
+
+@pytest.mark.slow  # a fresh Python, where tf_keras is not imported yet
+def test_tf_keras_first_imported_inside_a_tower_is_refused_not_left_frozen():
+    import subprocess
+    import sys
+    completed = subprocess.run([sys.executable, "-c", IMPORTED_IN_THE_TOWER],
+                               capture_output=True, text=True, timeout=240)
+    assert "REFUSED: tf_keras was first imported while tower 0" in completed.stdout, (
+        completed.stderr[-2000:])

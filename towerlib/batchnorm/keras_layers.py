@@ -41,12 +41,33 @@ class KerasBatchNormError(ValueError):
 
 @contextlib.contextmanager
 def keras_batch_norm_in(ctx):
-    """tf_keras batch norm called in this thread follows `ctx` (a TowerContext) while open."""
+    """tf_keras batch norm called in this thread follows `ctx` (a TowerContext) while open.
+
+    tf_keras is never imported here: when the tower itself imports it, its
+    batch norm could not be routed, and a layer found in the tower is refused.
+    """
     def dispatch(layer, inputs, training):
         return keras_batch_norm(layer, inputs, training, ctx)
 
+    loaded_before = tf_keras.loaded() is not None
+    graph = tf.compat.v1.get_default_graph()
+    ops_before = len(graph.get_operations())
     with tf_keras.routed_batch_norm_calls(dispatch):
         yield
+    if not loaded_before and tf_keras.loaded() is not None:
+        _refuse_unrouted_keras_batch_norm(graph.get_operations()[ops_before:], ctx)
+
+
+def _refuse_unrouted_keras_batch_norm(new_ops, ctx):
+    prefix = ctx.name_scope or ""
+    found = [op.name for op in new_ops if op.name.startswith(prefix) and (
+        op.type.startswith("FusedBatchNorm") or "/AssignMovingAvg" in op.name)]
+    if found:
+        raise KerasBatchNormError(
+            f"tf_keras was first imported while tower {ctx.index} was being built, so "
+            f"its batch norm ({found[0]}) ran as Keras' own and its moving statistics "
+            "would not follow bn_mode. Fix: import tf_keras before building the graph "
+            "(or use towerlib.KerasTower).")
 
 
 def keras_batch_norm(layer, inputs, training, ctx):

@@ -39,6 +39,7 @@ import weakref
 
 import tensorflow as tf
 
+from towerlib.batchnorm import keras_layers
 from towerlib.internals import tf_keras
 from towerlib.step.towers import TowerModel
 
@@ -52,7 +53,8 @@ class KerasTower(TowerModel):
       model: a tf_keras.Model, or a function of no arguments returning one.
       loss: (labels, outputs) -> the loss, a scalar mean over the examples
         or one value per example ([n], averaged here); e.g. a
-        tf_keras.losses.Loss object.
+        tf_keras.losses.Loss object. None when only `outputs` is used, from
+        a tower function of your own.
       metrics: None, or (labels, outputs) -> {name: [n] per-example tensor}
         for build_eval_graph. None gives 'correct' (top-1) when the outputs
         are [n, classes] scores and the labels [n] class ids.
@@ -60,7 +62,7 @@ class KerasTower(TowerModel):
 
     def __init__(self, model, loss, metrics=None):
         _check_model(model)
-        if not callable(loss):
+        if loss is not None and not callable(loss):
             raise TypeError(f"KerasTower's loss must be a callable (labels, outputs) -> loss, "
                             f"got {type(loss).__name__}. Fix: e.g. tf_keras.losses."
                             "SparseCategoricalCrossentropy(from_logits=True).")
@@ -84,21 +86,36 @@ class KerasTower(TowerModel):
         return models[0]
 
     def build(self, inputs, ctx):
+        """{'loss': the mean loss over the tower's examples, and the metrics}."""
+        if self._loss is None:
+            raise ValueError("This KerasTower was made without a loss; it gives the model's "
+                             "outputs (KerasTower.outputs) to your own tower function. "
+                             "Fix: KerasTower(model, loss) to use it as the tower function.")
         features, labels = _features_and_labels(inputs)
+        outputs = self.outputs(features, ctx)
+        loss = tf.convert_to_tensor(self._loss(labels, outputs))
+        if loss.shape.rank != 0:
+            loss = tf.reduce_mean(loss)
+        metrics = (self._metrics or _default_metrics)(labels, outputs)
+        return {"loss": loss, **metrics}
+
+    def outputs(self, features, ctx):
+        """The model's outputs on `features` in tower `ctx`, for a tower function of your own.
+
+        The tower's model (tower 0's, or its replicated copy), `training` from
+        ctx.is_training, the model's losses and updates registered as `build` does.
+        """
         getter = tf.compat.v1.get_variable_scope().custom_getter
         model, originals = self._tower_model(ctx, getter)
         if model is None:  # replicated: tower ctx.index's own copy, made here
             model = self._construct(self._copy, getter, originals)
             self._models[_root_graph(tf.compat.v1.get_default_graph())][ctx.index] = model
-        with _variables_through(getter, originals, ctx.name_scope):
+        with _variables_through(getter, originals, ctx.name_scope), \
+                keras_layers.keras_batch_norm_in(ctx):
             outputs = model(features, training=ctx.is_training)
-        loss = tf.convert_to_tensor(self._loss(labels, outputs))
-        if loss.shape.rank != 0:
-            loss = tf.reduce_mean(loss)
         _register_losses(model, ctx)
         _register_updates(model, ctx)
-        metrics = (self._metrics or _default_metrics)(labels, outputs)
-        return {"loss": loss, **metrics}
+        return outputs
 
     def _tower_model(self, ctx, getter):
         """(the model tower ctx.index calls, or None to copy; tower 0's weights by name)."""
