@@ -128,6 +128,10 @@ SYNC_BATCH_NORM = RatioTarget("sync / first_tower step time", 1.15, "8 towers", 
 # over the parameter server, ResNet-20 on virtual CPU towers (issue 12).
 REPLICATED = RatioTarget("replicated / parameter_server step time", 1.05, "8 towers", (8,))
 
+# bench/bench_keras.py: the CIFAR ResNet-20 as a tf_keras model through towerlib.KerasTower
+# over the same network written with towerlib.layers, 4 virtual CPU towers (issue 30).
+KERAS_MODEL = RatioTarget("keras_resnet20 / resnet20 step time", 1.05, "4 towers", (4,))
+
 # bench/bench_precision_memory.py: the step's memory above the baseline with
 # k = 4 micro-batches over one batch of the same global batch (issue 13).
 ACCUMULATION_STEPS = 4
