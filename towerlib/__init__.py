@@ -31,7 +31,7 @@ from towerlib.update.parameter_server import ParameterServer
 from towerlib.update.replicated import Replicated
 
 # Building the training step.
-from towerlib.step.context import BN_MODES, TowerContext, TowerRecords
+from towerlib.step.context import BN_MODES, BnMode, TowerContext, TowerRecords
 from towerlib.step.devices import (missing_tower_devices, session_config, tower_devices,
                                    variable_placer)
 from towerlib.step.evaluation import EvalGraph, build_eval_graph
@@ -57,7 +57,7 @@ from towerlib.run import hooks
 from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.run.data_position import DataPositionError, saved_position_iterator
 from towerlib.run.determinism import seed_everything
-from towerlib.run.guards import NonFiniteError, guard_numerics
+from towerlib.precision.guards import NonFiniteError, guard_numerics
 from towerlib.run.hooks import StepLogger
 from towerlib.run.trainer import TrainingResult, run_training
 
@@ -73,7 +73,7 @@ __all__ = [
     "BFloat16", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
     "ParameterServer", "Replicated", "WorkerGroup",
     # Building and running the training step.
-    "BN_MODES", "EvalGraph", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
+    "BN_MODES", "BnMode", "EvalGraph", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
     "batch_norm", "build_eval_graph", "build_towers", "build_train_graph", "ema_restore_map",
     "pooled_statistics", "run_training", "session_config", "split_global_batch",

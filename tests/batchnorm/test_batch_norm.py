@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import layers
-from towerlib.step.context import BatchNormStatistics
+from towerlib.batchnorm.statistics import BatchNormStatistics
 from tests import helpers
 
 MOMENTUM = 0.9

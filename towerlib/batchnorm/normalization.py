@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from towerlib.batchnorm import moments
 from towerlib.batchnorm import worker_statistics
-from towerlib.step.context import BatchNormStatistics
+from towerlib.batchnorm.statistics import BatchNormStatistics
 
 
 def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchronized):

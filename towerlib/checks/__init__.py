@@ -9,5 +9,6 @@ The package, one job per module:
   data_checks.py      input files and in-graph assertions on a batch
   tower_batch.py      the per-tower versus global batch confusion, named with numbers
   tower_isolation.py  no tower's loss may read another tower's examples
+  graph_walk.py       walking a graph backwards, for the build-time checks
   run_time.py         run-time checks of a batch, reported in one line
 """

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence
 
 import tensorflow as tf
 
-from towerlib.step import graph_walk
+from towerlib.checks import graph_walk
 
 
 class TowerIsolationError(ValueError):

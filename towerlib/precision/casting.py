@@ -66,7 +66,6 @@ counters) are returned exactly as they are.
 import tensorflow as tf
 
 from towerlib.internals import error_texts
-from towerlib.step import towers as towers_lib
 
 __all__ = ["COMPUTE_DTYPES", "cast_inputs", "check_compute_dtype", "compute_in",
            "float32_storage_getter", "loss_to_float32"]
@@ -205,15 +204,17 @@ def compute_in(tower_fn, compute_dtype):
       3. loss_to_float32 on the loss: a scalar result, or the 'loss' entry of
          a dict result (the dict's other entries stay in the compute dtype).
 
-    With compute_dtype float32 it returns the original function unchanged
-    (a towerlib.TowerModel as its bound `build`).
+    With compute_dtype float32 it returns `tower_fn` unchanged.
 
     Args:
       tower_fn: a towerlib.TowerModel or a callable (inputs, ctx) -> loss or dict.
       compute_dtype: one of COMPUTE_DTYPES.
     """
     compute_dtype = check_compute_dtype(compute_dtype)
-    build = towers_lib.as_tower_fn(tower_fn)
+    if not callable(tower_fn):
+        raise TypeError(f"compute_in takes a tower function (inputs, ctx) -> loss or a "
+                        f"towerlib.TowerModel, got {type(tower_fn).__name__}.")
+    build = tower_fn  # a TowerModel is called as its build
     if compute_dtype == tf.float32:
         return build
     getter = float32_storage_getter(compute_dtype)

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from towerlib.precision import casting
 from towerlib.precision import loss_scaling
-from towerlib.run import guards
+from towerlib.precision import guards
 
 __all__ = ["BFloat16", "Float16", "Float32", "Precision", "PRECISION_NAMES",
            "resolve_precision"]

@@ -20,5 +20,4 @@ The package, one job per module:
   devices.py      tower devices, virtual CPUs, where shared variables live
   inputs.py       splitting a global batch over the towers
   summaries.py    tower-aware scalar summaries
-  graph_walk.py   walking a graph backwards, for the build-time checks
 """

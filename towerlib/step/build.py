@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
 from towerlib.precision import casting
-from towerlib.run import guards
+from towerlib.precision import guards
 from towerlib.step import accumulation
 from towerlib.step import across_workers
 from towerlib.step import apply as apply_step

@@ -8,40 +8,45 @@ training graph, cannot see each other's state.
 
 import collections
 import dataclasses
+import enum
 from typing import Any, Optional
 
 import tensorflow as tf
 
-BN_MODES = ("first_tower", "all_towers", "sync")
+
+class BnMode(str, enum.Enum):
+    """How batch norm treats the towers; `bn_mode=` takes a member or its string.
+
+        towerlib.build_train_graph(..., bn_mode=towerlib.BnMode.sync)   # = "sync"
+
+    first_tower: tower 0's shard updates the moving statistics; all_towers: the
+    pooled global batch does; sync: every tower also normalizes with the global
+    batch's statistics (docs/batch_norm_modes.md). Members equal (and hash as)
+    their strings, so either spelling works everywhere.
+    """
+
+    first_tower = "first_tower"
+    all_towers = "all_towers"
+    sync = "sync"
+
+    def __str__(self):
+        return self.value
+
+
+BN_MODES = tuple(mode.value for mode in BnMode)
 
 
 def check_bn_mode(bn_mode):
-    """Raises ValueError unless `bn_mode` is one of `BN_MODES`."""
-    if bn_mode not in BN_MODES:
+    """The mode's string ('sync'); raises ValueError unless `bn_mode` is one of BN_MODES."""
+    if isinstance(bn_mode, BnMode):
+        return bn_mode.value
+    if not isinstance(bn_mode, str) or bn_mode not in BN_MODES:
         raise ValueError(
             f"Unknown bn_mode {bn_mode!r}. Fix: pick one of {', '.join(BN_MODES)}: "
             "'first_tower' updates the moving statistics from tower 0's shard, "
             "'all_towers' from the whole global batch, 'sync' also normalizes "
             "with the whole global batch's statistics.")
-
-
-@dataclasses.dataclass
-class BatchNormStatistics:
-    """One tower's batch statistics for one batch-norm layer in one step.
-
-    `count` is a float32 scalar (examples x spatial positions reduced over);
-    `mean` and `variance` have the layer's channel shape, `variance` is the
-    biased (population) variance. `moving_mean` and `moving_variance` are the
-    layer's shared variables.
-    """
-
-    tower_index: int
-    count: tf.Tensor
-    mean: tf.Tensor
-    variance: tf.Tensor
-    moving_mean: Any
-    moving_variance: Any
-    momentum: float
+    return bn_mode
 
 
 class TowerRecords:
@@ -123,7 +128,7 @@ class TowerContext:
     micro_batch: int = 0
 
     def __post_init__(self):
-        check_bn_mode(self.bn_mode)
+        object.__setattr__(self, "bn_mode", check_bn_mode(self.bn_mode))
         if not 0 <= self.index < self.num_towers:
             raise ValueError(
                 f"Tower index {self.index} is outside 0..{self.num_towers - 1}.")

@@ -10,6 +10,8 @@ import logging
 
 import tensorflow as tf
 
+from towerlib.update.parameter_server import PARAM_DEVICES
+
 # Ops that own variable storage; everything else follows the tower.
 VARIABLE_OP_TYPES = frozenset(
     ["Variable", "VariableV2", "VarHandleOp", "AutoReloadVariable",
@@ -17,7 +19,6 @@ VARIABLE_OP_TYPES = frozenset(
      "MutableHashTableOfTensorsV2", "MutableDenseHashTable",
      "MutableDenseHashTableV2"])
 
-PARAM_DEVICES = ("cpu", "gpu")
 
 
 def local_gpu_count():

@@ -39,7 +39,7 @@ from typing import Iterable, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from towerlib.step import graph_walk
+from towerlib.checks import graph_walk
 from towerlib.update import copies as variable_copies
 
 _SUM_OP_TYPES = frozenset({"Add", "AddV2", "AddN"})

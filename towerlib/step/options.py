@@ -205,7 +205,7 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
                  workers=workers)
     resolved = {name: OPTION_CHECKS[name](value) for name, value in given.items()
                 if not (name == "tower_fn" and value is None)}
-    update, workers = resolved["update"], resolved["workers"]
+    update, workers, bn_mode = resolved["update"], resolved["workers"], resolved["bn_mode"]
     check_exchange_applies(resolved["exchange"], bn_mode, update)
     check_workers_apply(workers, update)
     devices = towers_lib.resolve_devices(num_towers, devices, device_type)

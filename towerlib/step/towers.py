@@ -204,7 +204,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       BatchSizeMismatchError: a tower uses the global batch size where its
         own belongs (e.g. a reshape hard-coding the tutorial's per-GPU batch).
     """
-    check_bn_mode(bn_mode)
+    bn_mode = check_bn_mode(bn_mode)
     tower_fn = as_tower_fn(tower_fn)
     devices = resolve_devices(num_towers, devices, device_type)
     num_towers = len(devices)

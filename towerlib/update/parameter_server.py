@@ -14,9 +14,11 @@ function (e.g. a cluster's ps placer).
 import dataclasses
 from typing import Any, Callable, Union
 
-from towerlib.step import devices as devices_lib
 from towerlib.update import aggregation
 from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
+
+# Where ParameterServer(device=...) may put the variables, besides a device function.
+PARAM_DEVICES = ("cpu", "gpu")
 
 __all__ = ["ParameterServer", "ParameterServerUpdate"]
 
@@ -35,7 +37,7 @@ class ParameterServer(UpdateChoice):
     def __post_init__(self):
         if callable(self.device):
             return
-        if not isinstance(self.device, str) or self.device.lower() not in devices_lib.PARAM_DEVICES:
+        if not isinstance(self.device, str) or self.device.lower() not in PARAM_DEVICES:
             raise ValueError(
                 f"ParameterServer(device={self.device!r}) is not a placement. Fix: use "
                 "'cpu' (variables on the host CPU), 'gpu' (spread over the tower GPUs by "
