@@ -4,7 +4,6 @@ and against towerlib's own batch norm on the same network and numbers."""
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
 import towerlib
 from tests.keras import keras_models as km
