@@ -204,20 +204,15 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       BatchSizeMismatchError: a tower uses the global batch size where its
         own belongs (e.g. a reshape hard-coding the tutorial's per-GPU batch).
     """
-    bn_mode = check_bn_mode(bn_mode)
-    tower_fn = as_tower_fn(tower_fn)
     devices = resolve_devices(num_towers, devices, device_type)
-    num_towers = len(devices)
-    placer = devices_lib.variable_placer(param_device, devices)
-    records = records if records is not None else TowerRecords(num_towers)
-
-    per_tower_input_fn = inputs if callable(inputs) else None
-    if per_tower_input_fn is None:
-        shards, sizes = inputs_lib.split_global_batch(
-            inputs, num_towers, host_device=devices_lib.host_cpu(devices[0]))
-        static_sizes = [tower_batch.static_int(size) for size in sizes]
-        global_batch = None if None in static_sizes else sum(static_sizes)
-
+    plan = _TowerPlan(
+        tower_fn=as_tower_fn(tower_fn), devices=devices,
+        placer=devices_lib.variable_placer(param_device, devices),
+        records=records if records is not None else TowerRecords(len(devices)),
+        is_training=is_training, bn_mode=check_bn_mode(bn_mode), cross_tower=cross_tower,
+        micro_batch=micro_batch, require_loss=require_loss,
+        reuse_variables=reuse_variables, copies=variable_getter is not None,
+        batches=_TowerBatches.of(inputs, devices))
     towers = []
     outer_scope = tf.compat.v1.get_variable_scope()
     with tf.compat.v1.variable_scope(
@@ -229,70 +224,122 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
             if variable_getter is not None:
                 var_scope.set_custom_getter(
                     _nested_getter(outer_getter, variable_getter(index)))
-            variables_before = _global_variable_set()
-            device_fn = devices_lib.tower_device_function(device, placer)
-            with tf.name_scope(f"tower_{index}") as name_scope, \
-                    tf.compat.v1.device(device_fn):
-                ctx = TowerContext(
-                    index=index, num_towers=num_towers, device=device,
-                    is_training=is_training, bn_mode=bn_mode,
-                    name_scope=name_scope, records=records,
-                    cross_tower=cross_tower, micro_batch=micro_batch)
-                if per_tower_input_fn is not None:
-                    with tf.device(devices_lib.host_cpu(device)), tf.name_scope("input"):
-                        tower_inputs = per_tower_input_fn(ctx)
-                        inputs_lib.check_same_structure(tower_inputs, index, towers)
-                        batch_size = inputs_lib.leading_batch_size(tower_inputs)
-                else:
-                    tower_inputs, batch_size = shards[index], sizes[index]
-                ctx = dataclasses.replace(ctx, batch_size=batch_size)
-                static_batch = tower_batch.static_int(batch_size)
-                if per_tower_input_fn is not None:  # B if every tower gets as many
-                    global_batch = None if static_batch is None else static_batch * num_towers
-                graph = tf.compat.v1.get_default_graph()
-                ops_before = len(graph.get_operations())
-                try:
-                    with keras_layers.keras_batch_norm_in(ctx):
-                        result = tower_fn(tower_inputs, ctx)
-                except ValueError as error:
-                    explained = tower_batch.explain_shape_error(
-                        error, ctx, graph.get_operations()[ops_before:],
-                        static_batch, global_batch)
-                    if explained is not None:
-                        raise explained from error
-                    if index > 0 and error_texts.is_missing_variable(error):
-                        created = re.search(r"Variable (\S+) does not exist", str(error))
-                        raise ValueError(
-                            f"Tower {index} tried to create a variable "
-                            f"{created.group(1) if created else ''} that tower 0 "
-                            "did not create. Fix: every variable must be created by "
-                            "tower 0 and reused by later towers: do not create "
-                            "variables conditionally on ctx.index, and give layers "
-                            f"fixed names.\nTensorFlow: {error}") from error
-                    if reuse_variables and error_texts.is_missing_variable(error):
-                        raise ValueError(
-                            "reuse_variables=True, but the tower function asked for a "
-                            f"variable that does not exist yet: {error}") from error
-                    raise
-                loss, outputs = _split_result(result, index, require_loss)
-                tower_batch.check_reshapes(ctx, graph.get_operations()[ops_before:],
-                                           static_batch, global_batch)
-            created = _global_variable_set() - variables_before
-            if variable_getter is not None:  # the tower's own replicated copies
-                own_copies = variable_copies.copy_name("", index) if index else None
-                created = {v for v in created
-                           if not own_copies or not v.op.name.startswith(own_copies)}
-            if created and (index > 0 or reuse_variables):
-                names = sorted(v.name for v in created)
-                raise ValueError(
-                    f"Tower {index} created variable(s) {names} that "
-                    f"{'tower 0 did not' if index else 'should already exist'}. "
-                    "Create variables with tf.compat.v1.get_variable (towerlib "
-                    "layers do) so that later towers reuse tower 0's; tf.Variable "
-                    "always makes a new one.")
-            update_ops = tf.compat.v1.get_collection(
-                tf.compat.v1.GraphKeys.UPDATE_OPS, name_scope)
-            towers.append(Tower(ctx, tower_inputs, result, loss, outputs, update_ops))
+            towers.append(_build_tower(plan, index, device, towers))
     if check_isolation:
         tower_isolation.check_tower_isolation(towers)
-    return towers, records
+    return towers, plan.records
+
+
+@dataclasses.dataclass(frozen=True)
+class _TowerBatches:
+    """Each tower's examples: shards of a global batch, or an input function's own batch."""
+
+    input_fn: Any = None
+    shards: Any = None
+    sizes: Any = None
+    global_batch: Optional[int] = None  # B when known while building
+
+    @classmethod
+    def of(cls, inputs, devices):
+        if callable(inputs):
+            return cls(input_fn=inputs)
+        shards, sizes = inputs_lib.split_global_batch(
+            inputs, len(devices), host_device=devices_lib.host_cpu(devices[0]))
+        static_sizes = [tower_batch.static_int(size) for size in sizes]
+        return cls(shards=shards, sizes=sizes,
+                   global_batch=None if None in static_sizes else sum(static_sizes))
+
+    def for_tower(self, ctx, built):
+        """(the tower's inputs, its batch size tensor, B or None)."""
+        if self.input_fn is None:
+            return self.shards[ctx.index], self.sizes[ctx.index], self.global_batch
+        with tf.device(devices_lib.host_cpu(ctx.device)), tf.name_scope("input"):
+            tower_inputs = self.input_fn(ctx)
+            inputs_lib.check_same_structure(tower_inputs, ctx.index, built)
+            batch_size = inputs_lib.leading_batch_size(tower_inputs)
+        static = tower_batch.static_int(batch_size)  # B if every tower gets as many
+        return tower_inputs, batch_size, None if static is None else static * ctx.num_towers
+
+
+@dataclasses.dataclass(frozen=True)
+class _TowerPlan:
+    """What every tower of one build_towers call shares."""
+
+    tower_fn: Any
+    devices: List[str]
+    placer: Any
+    records: TowerRecords
+    is_training: bool
+    bn_mode: str
+    cross_tower: Any
+    micro_batch: int
+    require_loss: bool
+    reuse_variables: bool
+    copies: bool  # replicated: each tower creates its own copies
+    batches: _TowerBatches
+
+
+def _build_tower(plan, index, device, built):
+    """Tower `index`: its scopes, context, inputs and the tower function's result."""
+    variables_before = _global_variable_set()
+    device_fn = devices_lib.tower_device_function(device, plan.placer)
+    with tf.name_scope(f"tower_{index}") as name_scope, tf.compat.v1.device(device_fn):
+        ctx = TowerContext(
+            index=index, num_towers=len(plan.devices), device=device,
+            is_training=plan.is_training, bn_mode=plan.bn_mode, name_scope=name_scope,
+            records=plan.records, cross_tower=plan.cross_tower, micro_batch=plan.micro_batch)
+        tower_inputs, batch_size, global_batch = plan.batches.for_tower(ctx, built)
+        ctx = dataclasses.replace(ctx, batch_size=batch_size)
+        static_batch = tower_batch.static_int(batch_size)
+        graph = tf.compat.v1.get_default_graph()
+        ops_before = len(graph.get_operations())
+        result = _call_tower(plan, ctx, tower_inputs, (ops_before, static_batch, global_batch))
+        loss, outputs = _split_result(result, index, plan.require_loss)
+        tower_batch.check_reshapes(ctx, graph.get_operations()[ops_before:],
+                                   static_batch, global_batch)
+    _check_created_variables(_global_variable_set() - variables_before, index, plan)
+    update_ops = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, name_scope)
+    return Tower(ctx, tower_inputs, result, loss, outputs, update_ops)
+
+
+def _call_tower(plan, ctx, tower_inputs, batch_facts):
+    """The tower function's result; a ValueError explained in towerlib's terms if it can be."""
+    ops_before, static_batch, global_batch = batch_facts
+    try:
+        with keras_layers.keras_batch_norm_in(ctx):
+            return plan.tower_fn(tower_inputs, ctx)
+    except ValueError as error:
+        new_ops = tf.compat.v1.get_default_graph().get_operations()[ops_before:]
+        explained = tower_batch.explain_shape_error(
+            error, ctx, new_ops, static_batch, global_batch)
+        if explained is not None:
+            raise explained from error
+        if ctx.index > 0 and error_texts.is_missing_variable(error):
+            created = re.search(r"Variable (\S+) does not exist", str(error))
+            raise ValueError(
+                f"Tower {ctx.index} tried to create a variable "
+                f"{created.group(1) if created else ''} that tower 0 "
+                "did not create. Fix: every variable must be created by "
+                "tower 0 and reused by later towers: do not create "
+                "variables conditionally on ctx.index, and give layers "
+                f"fixed names.\nTensorFlow: {error}") from error
+        if plan.reuse_variables and error_texts.is_missing_variable(error):
+            raise ValueError(
+                "reuse_variables=True, but the tower function asked for a "
+                f"variable that does not exist yet: {error}") from error
+        raise
+
+
+def _check_created_variables(created, index, plan):
+    """Refuses variables a tower made that it should have reused (its own copies aside)."""
+    if plan.copies and index:
+        own_copies = variable_copies.copy_name("", index)
+        created = {v for v in created if not v.op.name.startswith(own_copies)}
+    if created and (index > 0 or plan.reuse_variables):
+        names = sorted(v.name for v in created)
+        raise ValueError(
+            f"Tower {index} created variable(s) {names} that "
+            f"{'tower 0 did not' if index else 'should already exist'}. "
+            "Create variables with tf.compat.v1.get_variable (towerlib "
+            "layers do) so that later towers reuse tower 0's; tf.Variable "
+            "always makes a new one.")
