@@ -9,6 +9,9 @@ them once, under control dependencies of the chosen batch-norm updates
 (towerlib.step.options).
 """
 
+import dataclasses
+from typing import Any, List
+
 import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
@@ -77,109 +80,186 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
         learning_rate=learning_rate, global_step=global_step, var_list=var_list,
         summaries=summaries, check_isolation=check_isolation, workers=workers)
-    workers = options.workers
     options.precision.check_optimizer(optimizer)
+    setting = _step_setting(options, global_step)
+    stacks, global_examples = (
+        accumulation.tower_stacks(inputs, options.accumulation_steps, setting.devices,
+                                  options.bn_mode, setting.host)
+        if options.accumulation_steps > 1 else (None, None))
+    objective = StepObjective(
+        global_examples, adds_weight_terms=options.workers.is_chief,
+        sum_over_workers=(across_workers.WorkerSums(setting.reducer)
+                          if options.workers.spans_workers else None))
+    micro_batches = _MicroBatches(
+        casting.compute_in(tower_fn, options.precision.compute_dtype), optimizer, setting,
+        objective, var_list, check_isolation)
+    gradients = _step_gradients(micro_batches, stacks or inputs, setting, optimizer,
+                                objective)
+    applied = _apply(optimizer, setting, objective, gradients)
+    train_op, broadcast_op = _join_workers(applied, setting)
+    scalars = (_add_summaries(gradients.records, objective, applied.losses, learning_rate,
+                              setting.loss_scale, setting.host) if summaries else {})
+    return TrainGraph(
+        train_op=train_op, loss=applied.losses.loss, total_loss=applied.losses.total_loss,
+        regularization_loss=applied.losses.regularization_loss,
+        tower_losses=[t.loss for t in objective.towers], tower_shares=list(objective.shares),
+        tower_outputs=[t.outputs for t in objective.towers], global_step=setting.global_step,
+        grads_and_vars=applied.combined.reported, update_ops=applied.update_ops,
+        ema=applied.ema or getattr(optimizer, "variable_averages", None),
+        devices=setting.devices, contexts=[t.context for t in objective.towers],
+        scalars=scalars, numerics_guards=tuple(guards.guards_in(optimizer)),
+        variable_update=setting.variable_update.name,
+        variable_copies=setting.variable_update.copies,
+        sync_copies_op=setting.variable_update.sync_op(), loss_scale=setting.loss_scale,
+        broadcast_op=broadcast_op, accumulation_buffers=gradients.buffers)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StepSetting:
+    """What every phase of one build uses."""
+
+    options: options_lib.StepOptions
+    devices: List[str]
+    host: str
+    reducer: Any  # the CrossTowerReducer, None when nothing crosses
+    variable_update: Any  # towerlib.update.base.VariableUpdate
+    global_step: Any
+    loss_scale: Any  # None unless float16 scales the loss
+
+
+def _step_setting(options, global_step):
     devices = list(options.devices)
     devices_lib.warn_missing_gpus(devices)
     host = devices_lib.host_cpu(devices[0])
+    workers = options.workers
     reducer = (options.exchange.reducer(devices, workers) if options.exchange is not None
                and (len(devices) > 1 or workers.spans_workers) else None)
     variable_update = options.update.build(len(devices), reducer)
     global_step = _global_step_for(global_step, variable_update.param_device, host)
     with tf.device(host):
         loss_scale = options.precision.make_loss_scale()
-    tower_fn = casting.compute_in(tower_fn, options.precision.compute_dtype)
-    stacks, global_examples = None, None
-    if options.accumulation_steps > 1:
-        stacks, global_examples = accumulation.tower_stacks(
-            inputs, options.accumulation_steps, devices, options.bn_mode, host)
+    return _StepSetting(options, devices, host, reducer, variable_update, global_step,
+                        loss_scale)
 
-    objective = StepObjective(
-        global_examples, adds_weight_terms=workers.is_chief,
-        sum_over_workers=across_workers.WorkerSums(reducer) if workers.spans_workers else None)
-    trainable_before = set(tf.compat.v1.trainable_variables())
-    chosen_vars = []
 
-    def build_micro_batch(micro_batch_inputs, weight_gate=None):
-        """The towers, their objectives and gradients on one micro-batch."""
+class _MicroBatches:
+    """Builds the towers, their objectives and gradients on one micro-batch (a call).
+
+    `trained_variables` is the var list the towers train, known after the
+    first call (tower 0's variables, or `var_list`).
+    """
+
+    def __init__(self, tower_fn, optimizer, setting, objective, var_list, check_isolation):
+        self._tower_fn, self._optimizer, self._setting = tower_fn, optimizer, setting
+        self._objective, self._var_list = objective, var_list
+        self._check_isolation = check_isolation
+        self._trainable_before = set(tf.compat.v1.trainable_variables())
+        self.trained_variables = None
+
+    def __call__(self, micro_batch_inputs, weight_gate=None):
+        setting, objective = self._setting, self._objective
+        bn_mode, update = setting.options.bn_mode, setting.variable_update
         regularization_before = objective.regularization_before()
         towers, records = towers_lib.build_towers(
-            tower_fn, micro_batch_inputs, devices=devices, is_training=True,
-            bn_mode=options.bn_mode, param_device=variable_update.param_device,
-            records=TowerRecords(len(devices)), cross_tower=reducer,
-            check_isolation=check_isolation,
-            variable_getter=variable_update.variable_getter)
-        _check_built_towers(towers, options.bn_mode, variable_update, reducer, records)
-        chosen_vars[:] = _trained_variables(var_list, trainable_before)
+            self._tower_fn, micro_batch_inputs, devices=setting.devices, is_training=True,
+            bn_mode=bn_mode, param_device=update.param_device,
+            records=TowerRecords(len(setting.devices)), cross_tower=setting.reducer,
+            check_isolation=self._check_isolation, variable_getter=update.variable_getter)
+        _check_built_towers(towers, bn_mode, update, setting.reducer, records)
+        self.trained_variables = _trained_variables(self._var_list, self._trainable_before)
         activity_before = len(objective.weighted_activity)
         towers, tower_objectives = objective.add_micro_batch(
             towers, regularization_before, weight_gate=weight_gate)
-        grads_and_vars = []
-        for tower, tower_objective in zip(towers, tower_objectives):
-            with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
-                if loss_scale is not None:
-                    tower_objective = loss_scale.scale(tower_objective)
-                grads_and_vars.append(_tower_gradients(
-                    optimizer, tower, tower_objective,
-                    variable_update.tower_variables(chosen_vars, tower.context.index)))
+        grads_and_vars = [self._gradients(tower, tower_objective)
+                          for tower, tower_objective in zip(towers, tower_objectives)]
         return micro_loop.MicroBatch(
             towers, objective.shares[-len(towers):], grads_and_vars, records,
             objective.weight_terms, objective.weighted_activity[activity_before:],
-            apply_step.user_update_ops(towers, options.bn_mode))
+            apply_step.user_update_ops(towers, bn_mode))
 
-    accumulation_buffers = ()
-    if options.accumulation_steps == 1:
-        micro = build_micro_batch(inputs)
-        records, tower_grads_and_vars = micro.records, micro.grads_and_vars
-    else:
-        totals = micro_loop.accumulate(
-            build_micro_batch, stacks, options.accumulation_steps, devices, host)
-        objective.use_totals(totals.towers, totals.shares, totals.weight_terms,
-                             totals.weighted_activity)
-        records, tower_grads_and_vars = totals.records, totals.grads_and_vars
-        accumulation_buffers = totals.buffers
-        for guard in guards.guards_in(optimizer):
-            guard.check_totals([t.loss for t in totals.towers], tower_grads_and_vars, devices)
-    var_list = chosen_vars
+    def _gradients(self, tower, tower_objective):
+        setting = self._setting
+        with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
+            if setting.loss_scale is not None:
+                tower_objective = setting.loss_scale.scale(tower_objective)
+            return _tower_gradients(
+                self._optimizer, tower, tower_objective,
+                setting.variable_update.tower_variables(self.trained_variables,
+                                                        tower.context.index))
 
+
+@dataclasses.dataclass(frozen=True)
+class _StepGradients:
+    """Every tower's gradients of the whole step, and what the apply needs with them."""
+
+    records: TowerRecords
+    tower_grads_and_vars: list
+    var_list: list
+    buffers: tuple = ()
+
+
+def _step_gradients(micro_batches, inputs, setting, optimizer, objective):
+    """One micro-batch (`inputs`), or k accumulated in a loop (`inputs` the towers' stacks:
+    towerlib.step.micro_loop)."""
+    k = setting.options.accumulation_steps
+    if k == 1:
+        micro = micro_batches(inputs)
+        return _StepGradients(micro.records, micro.grads_and_vars,
+                              micro_batches.trained_variables)
+    totals = micro_loop.accumulate(micro_batches, inputs, k, setting.devices, setting.host)
+    objective.use_totals(totals.towers, totals.shares, totals.weight_terms,
+                         totals.weighted_activity)
+    for guard in guards.guards_in(optimizer):
+        guard.check_totals([t.loss for t in totals.towers], totals.grads_and_vars,
+                           setting.devices)
+    return _StepGradients(totals.records, totals.grads_and_vars,
+                          micro_batches.trained_variables, totals.buffers)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Applied:
+    train_op: Any
+    update_ops: list
+    ema: Any
+    losses: Any  # towerlib.step.objective.StepLosses
+    combined: Any  # towerlib.update.base.CombinedGradients
+
+
+def _apply(optimizer, setting, objective, gradients):
+    """The towers' gradients combined (all-reduced, unscaled) and applied once."""
+    reducer, options = setting.reducer, setting.options
     _check_exchanges(reducer)  # the backward exchanges
-    combined = variable_update.combine(tower_grads_and_vars)
+    combined = setting.variable_update.combine(gradients.tower_grads_and_vars)
     _check_exchanges(reducer)  # and the gradients' all-reduce
-    if loss_scale is not None:
-        combined = combined.map_pairs(loss_scale.unscale)
-    with tf.device(host), tf.name_scope("losses"):
+    if setting.loss_scale is not None:
+        combined = combined.map_pairs(setting.loss_scale.unscale)
+    with tf.device(setting.host), tf.name_scope("losses"):
         losses = objective.losses()
-    tower_losses = [t.loss for t in objective.towers]
-    tower_outputs = [t.outputs for t in objective.towers]
-    contexts = [t.context for t in objective.towers]
-    tower_shares = list(objective.shares)
+    # Across workers every worker decides on the global loss, which all share.
+    decided_on = ([losses.loss] if options.workers.spans_workers
+                  else [t.loss for t in objective.towers])
     train_op, update_ops, ema = apply_step.build_apply(
-        optimizer, variable_update, combined.apply_pairs, objective.towers, records,
-        options.bn_mode, global_step, ema_decay=options.ema_decay, var_list=var_list, loss_scale=loss_scale,
-        # Across workers every worker decides on the global loss, which all share.
-        losses=([losses.loss] if workers.spans_workers else [t.loss for t in objective.towers]),
-        reducer=reducer)
-    broadcast_op = None
-    if workers.spans_workers:
-        # Every step computes the global losses: no worker may skip their exchange.
-        train_op = tf.group(train_op, losses.loss, name="train_op_across_workers")
-        reducer.start_separate_run()  # run once at start, never with a step
-        broadcast_op = broadcast.broadcast_from_chief(
-            reducer, tf.compat.v1.global_variables(), variable_update.copies)
-        _check_exchanges(reducer)
-    scalars = (_add_summaries(records, objective, losses, learning_rate, loss_scale, host)
-               if summaries else {})
-    return TrainGraph(
-        train_op=train_op, loss=losses.loss, total_loss=losses.total_loss,
-        regularization_loss=losses.regularization_loss, tower_losses=tower_losses,
-        tower_shares=tower_shares, tower_outputs=tower_outputs, global_step=global_step,
-        grads_and_vars=combined.reported, update_ops=update_ops,
-        ema=ema or getattr(optimizer, "variable_averages", None),
-        devices=devices, contexts=contexts, scalars=scalars,
-        numerics_guards=tuple(guards.guards_in(optimizer)),
-        variable_update=variable_update.name, variable_copies=variable_update.copies,
-        sync_copies_op=variable_update.sync_op(), loss_scale=loss_scale,
-        broadcast_op=broadcast_op, accumulation_buffers=accumulation_buffers)
+        optimizer, setting.variable_update, combined.apply_pairs, objective.towers,
+        gradients.records, options.bn_mode, setting.global_step,
+        ema_decay=options.ema_decay, var_list=gradients.var_list,
+        loss_scale=setting.loss_scale, losses=decided_on, reducer=reducer)
+    return _Applied(train_op, update_ops, ema, losses, combined)
+
+
+def _join_workers(applied, setting):
+    """(train_op, broadcast_op): across workers the global losses run every step, and
+    one op sets every copy to the chief's values at start; else as built, None."""
+    if not setting.options.workers.spans_workers:
+        return applied.train_op, None
+    reducer = setting.reducer
+    # Every step computes the global losses: no worker may skip their exchange.
+    train_op = tf.group(applied.train_op, applied.losses.loss,
+                        name="train_op_across_workers")
+    reducer.start_separate_run()  # run once at start, never with a step
+    broadcast_op = broadcast.broadcast_from_chief(
+        reducer, tf.compat.v1.global_variables(), setting.variable_update.copies)
+    _check_exchanges(reducer)
+    return train_op, broadcast_op
 
 
 def _global_step_for(global_step, param_device, host):
