@@ -53,3 +53,10 @@ def test_the_learning_phase_placeholder_is_recognized():
     with tf.Graph().as_default():
         assert keras_internals.is_learning_phase(tf_keras.backend.learning_phase())
         assert not keras_internals.is_learning_phase(tf.constant(True))
+
+
+def test_tf1_layers_batch_norm_is_recognized_by_its_module():
+    """tf.compat.v1.layers.BatchNormalization lives in tf_keras.src.legacy_tf_layers."""
+    from tf_keras.src.legacy_tf_layers import normalization
+    assert keras_internals.is_tf1_layer(normalization.BatchNormalization())
+    assert not keras_internals.is_tf1_layer(tf_keras.layers.BatchNormalization())

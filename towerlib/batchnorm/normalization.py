@@ -33,57 +33,40 @@ from towerlib.batchnorm.statistics import BatchNormStatistics
 
 
 def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchronized):
-    """Batch norm of x in training, with shard or global-batch statistics.
+    """Batch norm of x in training, with this shard's or the global batch's statistics.
 
-    synchronized=False (bn_mode 'first_tower' and 'all_towers', or one tower):
-    the statistics of this tower's shard, as below with one tower and no
-    exchange. synchronized=True ('sync'): those of the whole global batch.
-
-    Each tower summarizes its shard (towerlib.batchnorm.moments.shard_summary:
-    a pivot, the mean's offset from it and M2), ONE gather across the towers
-    (through ctx.cross_tower, a towerlib.exchange.CrossTowerReducer) hands
-    every tower all the summaries, and each tower combines them identically
-    with Chan's parallel formula around a common pivot (combine_summaries).
-    The variance comes out accurate to ~1e-6 relative however large the mean;
-    the output, formed from x - hi, has an error in standard deviations of
-    about float32's precision (6e-8) times |hi - mean| / std.
-
-    Exactness. The true counts n_i make unequal shards exact. Statistics and
-    normalization are one tf.custom_gradient with the backward written out,
-    the one-device batch-norm gradient with global sums:
-
-        dx = k * (g - sum(g) / n - x_hat * sum(g * x_hat) / n)
-
-    where g is this tower's upstream gradient, x_hat = (x - mean) / sqrt(var
-    + eps), and the two sums run over the whole global batch: each tower
-    sums its shard, and one cross-tower sum adds up the towers' 2C sums. Since
-    every tower differentiates its own weighted loss, that is exactly the
-    gradient of the global objective. gamma and beta get this tower's own
-    sum(g * x_hat) and sum(g), which towerlib adds up over towers as for any
-    variable. Writing it out costs far fewer ops than differentiating the
-    combination and the normalization op by op.
-
-    Cost: one exchange per layer and direction: forward, a gather of
-    num_towers x (3C + 1) floats (one round trip less than all-reducing first
-    the sums, then the squared deviations from the resulting mean); backward,
-    a sum of 2C floats.
+    synchronized=False ('first_tower', 'all_towers', or one tower): the shard's.
+    True ('sync'): the whole global batch's, from ONE gather of every tower's
+    shard summary combined with Chan's formula, and the batch-norm backward
+    written out over global sums (one cross-tower sum of 2C floats): N towers
+    take one device's step. The derivation and its precision are in
+    docs/batch_norm_modes.md, "How sync works".
 
     Args:
-      x: the layer input, any float dtype (computed in float32 for half types).
+      x: the layer input, any float dtype (statistics in float32 for half types).
       axes: the reduced axes (all but the channel axis).
       ctx: the TowerContext; ctx.cross_tower is the build's reducer.
-      layer_name: the layer's variable-scope name, for errors and op names.
+      layer_name: the layer's name, for errors and op names.
       beta, gamma: the [C] offset and scale variables, or None.
       epsilon: added to the variance.
 
     Returns:
-      y: x normalized, shaped and typed like x.
-      count: float32 scalar, the examples x positions the statistics cover:
-        the shard's, or the global batch's when synchronized.
-      mean, variance: [C], their mean and biased variance.
+      (y shaped and typed like x, count: float32 scalar of the examples x
+      positions covered, mean [C], biased variance [C]).
     """
-    reducer = ctx.cross_tower if synchronized else None
-    if synchronized and reducer is None:
+    reducer = _reducer_for(ctx, layer_name) if synchronized else None
+    kernel = _Kernel(x, axes, ctx.index, layer_name, reducer, epsilon)
+    scale, offset = kernel.parameter(gamma, 1.0), kernel.parameter(beta, 0.0)
+    with tf.name_scope("sync_batch_norm" if synchronized else "batch_norm"):
+        kernel.count_inputs(x)
+        y = kernel.normalize(x, scale, offset)
+    return y, tf.cast(kernel.total, tf.float32), kernel.mean, kernel.variance
+
+
+def _reducer_for(ctx, layer_name):
+    """The build's cross-tower reducer for a 'sync' layer, checked against the towers."""
+    reducer = ctx.cross_tower
+    if reducer is None:
         raise ValueError(
             f"batch_norm '{layer_name}' runs with bn_mode='sync' in training on "
             f"{ctx.num_towers} towers, but the tower context has no cross-tower "
@@ -92,88 +75,95 @@ def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchro
             "build_towers(..., is_training=True) pass cross_tower="
             "towerlib.exchange.CrossTowerReducer(devices) and call its "
             "check_consistent() after building.")
-    if synchronized and reducer.num_towers != ctx.num_towers:
+    if reducer.num_towers != ctx.num_towers:
         raise ValueError(
             f"batch_norm '{layer_name}': the cross-tower reducer spans "
             f"{reducer.num_towers} devices but the build has {ctx.num_towers} "
             "towers; create the reducer from the build's device list.")
+    return reducer
 
-    half = x.dtype in (tf.float16, tf.bfloat16)
-    stat_dtype = tf.float32 if half else x.dtype
-    rank = x.shape.rank
-    (channel_axis,) = [a for a in range(rank) if a not in axes]
-    channels = int(x.shape[channel_axis])
-    broadcast = moments.ChannelBroadcast(rank, channel_axis, channels)
 
-    # The normalization takes the variables' values (read here) as inputs, so
-    # its gradient function returns their gradients like any input's.
-    # A missing beta / gamma is a constant, whose gradient goes nowhere.
-    def value(variable, default):
+class _Kernel:
+    """One layer's training normalization in one tower: forward and written-out backward.
+
+    `normalize` is a tf.custom_gradient; its forward leaves the statistics it
+    used in `total`, `mean` and `variance` (the builder's moving-average
+    update reads them). With a reducer the statistics are the global batch's.
+    """
+
+    def __init__(self, x, axes, tower_index, layer_name, reducer, epsilon):
+        self.axes, self.tower_index, self.layer_name = axes, tower_index, layer_name
+        self.reducer, self.epsilon = reducer, epsilon
+        self.half = x.dtype in (tf.float16, tf.bfloat16)
+        self.dtype = tf.float32 if self.half else x.dtype
+        rank = x.shape.rank
+        (channel_axis,) = [a for a in range(rank) if a not in axes]
+        self.channels = int(x.shape[channel_axis])
+        self.broadcast = moments.ChannelBroadcast(rank, channel_axis, self.channels)
+        self.normalize = tf.custom_gradient(self._forward)
+        self.total = self.mean = self.variance = None
+
+    def parameter(self, variable, default):
+        """gamma / beta's value as an input of the normalization (its gradient is returned
+        like any input's); a constant `default` for a missing one."""
         if variable is None:
-            return tf.fill([channels], tf.constant(default, stat_dtype))
-        return tf.cast(tf.convert_to_tensor(variable), stat_dtype)
+            return tf.fill([self.channels], tf.constant(default, self.dtype))
+        return tf.cast(tf.convert_to_tensor(variable), self.dtype)
 
-    gamma, beta = value(gamma, 1.0), value(beta, 0.0)
-
-    with tf.name_scope("sync_batch_norm" if synchronized else "batch_norm"):
-        known_count = moments.static_count(x, axes)
-        if known_count is None:
-            count = tf.cast(_count(x, axes), stat_dtype)
-            count_row = tf.reshape(count, [1])
+    def count_inputs(self, x):
+        """The shard's count: a Python number when known while building, else a tensor."""
+        self.known_count = moments.static_count(x, self.axes)
+        if self.known_count is None:
+            self.count = tf.cast(_count(x, self.axes), self.dtype)
+            self.count_row = tf.reshape(self.count, [1])
         else:
-            count = None  # per_example divides by the Python number
-            count_row = tf.constant([float(known_count)], stat_dtype)
-        statistics = {}  # total, mean, variance, set by the forward pass
+            self.count = None  # per_example divides by the Python number
+            self.count_row = tf.constant([float(self.known_count)], self.dtype)
 
-        def global_statistics(summary):
-            """One gather of every tower's (count, hi, lo, M2), then combined."""
-            rows = reducer.gather_unordered(
-                tf.concat([count_row, summary.hi, summary.lo, summary.m2], axis=0),
-                ctx.index, name=layer_name)  # [T, 1 + 3C]
-            counts, his, los, m2s = tf.split(rows, [1, channels, channels, channels], axis=1)
-            return moments.combine_summaries(counts, his, los, m2s, summary.hi)
+    def _forward(self, inputs, scale, offset):
+        # Half-precision inputs: statistics in float32. The backward recomputes
+        # x - hi from the half input rather than keep a float32 copy alive.
+        inputs32 = tf.cast(inputs, tf.float32) if self.half else inputs
+        summary = moments.shard_summary(inputs32, self.axes, self.broadcast, self.count,
+                                        self.known_count)
+        if self.reducer is not None:
+            total, mean, variance, mean_minus_hi = self._global_statistics(summary)
+        else:
+            total, mean, mean_minus_hi = self.count_row[0], summary.hi + summary.lo, summary.lo
+            variance = moments.per_example(summary.m2, self.count, self.known_count)
+        self.total, self.mean, self.variance = total, mean, variance
+        y, k, inverse_std = moments.normalize_from_summary(
+            summary.deviation, mean_minus_hi, variance, scale, offset, self.epsilon,
+            self.broadcast)
 
-        def sum_over_towers(per_channel_sums):
-            if not synchronized:
-                return per_channel_sums
-            return reducer.sum(per_channel_sums, ctx.index, name=layer_name,
-                               in_gradient=True, differentiable=False)
+        def gradient(grad_y):
+            deviation = summary.deviation
+            if self.half:
+                grad_y = tf.cast(grad_y, tf.float32)
+                deviation = tf.cast(inputs, tf.float32) - self.broadcast(summary.hi)
+            sum_g, sum_g_x_hat = moments.local_gradient_sums(
+                grad_y, deviation, inverse_std, mean_minus_hi, self.axes)
+            batch_sums = self._sum_over_towers(tf.concat([sum_g, sum_g_x_hat], axis=0))
+            grad_x = moments.input_gradient(grad_y, deviation, k, inverse_std,
+                                            mean_minus_hi, batch_sums, total, self.broadcast)
+            return tf.cast(grad_x, inputs.dtype), sum_g_x_hat, sum_g
 
-        @tf.custom_gradient
-        def normalize(inputs, scale, offset):
-            # Half-precision inputs: statistics in float32. The backward
-            # recomputes x - hi from the half input rather than keep a float32
-            # copy of the activation alive between forward and backward.
-            inputs32 = tf.cast(inputs, tf.float32) if half else inputs
-            summary = moments.shard_summary(inputs32, axes, broadcast, count, known_count)
-            if synchronized:
-                total, mean, variance, mean_minus_hi = global_statistics(summary)
-            else:
-                total = count_row[0]
-                mean = summary.hi + summary.lo
-                variance = moments.per_example(summary.m2, count, known_count)
-                mean_minus_hi = summary.lo
-            statistics.update(total=total, mean=mean, variance=variance)
-            y, k, inverse_std = moments.normalize_from_summary(
-                summary.deviation, mean_minus_hi, variance, scale, offset, epsilon, broadcast)
+        return tf.cast(y, inputs.dtype), gradient
 
-            def gradient(grad_y):
-                deviation = summary.deviation
-                if half:
-                    grad_y = tf.cast(grad_y, tf.float32)
-                    deviation = tf.cast(inputs, tf.float32) - broadcast(summary.hi)
-                sum_g, sum_g_x_hat = moments.local_gradient_sums(
-                    grad_y, deviation, inverse_std, mean_minus_hi, axes)
-                batch_sums = sum_over_towers(tf.concat([sum_g, sum_g_x_hat], axis=0))
-                grad_x = moments.input_gradient(grad_y, deviation, k, inverse_std,
-                                                mean_minus_hi, batch_sums, total, broadcast)
-                return tf.cast(grad_x, inputs.dtype), sum_g_x_hat, sum_g
+    def _global_statistics(self, summary):
+        """One gather of every tower's (count, hi, lo, M2), then combined identically."""
+        rows = self.reducer.gather_unordered(
+            tf.concat([self.count_row, summary.hi, summary.lo, summary.m2], axis=0),
+            self.tower_index, name=self.layer_name)  # [T, 1 + 3C]
+        c = self.channels
+        counts, his, los, m2s = tf.split(rows, [1, c, c, c], axis=1)
+        return moments.combine_summaries(counts, his, los, m2s, summary.hi)
 
-            return tf.cast(y, inputs.dtype), gradient
-
-        y = normalize(x, gamma, beta)
-    return (y, tf.cast(statistics["total"], tf.float32),
-            statistics["mean"], statistics["variance"])
+    def _sum_over_towers(self, per_channel_sums):
+        if self.reducer is None:
+            return per_channel_sums
+        return self.reducer.sum(per_channel_sums, self.tower_index, name=self.layer_name,
+                                in_gradient=True, differentiable=False)
 
 
 def _count(x, axes):

@@ -7,6 +7,8 @@ towerlib needs three things from it, each used only here:
   while a tower builds, calls of it are routed to towerlib's batch norm
   (`routed_batch_norm_calls`). Both `tf_keras.layers.BatchNormalization`
   and its SyncBatchNormalization inherit `call` from that base.
+- `tf_keras.src.legacy_tf_layers`: where tf.compat.v1.layers' classes live;
+  their batch norm is not routed (TF 1 code keeps TF 1's behaviour).
 - `tf_keras.models.clone_model`: a tower's own copy of a functional or
   Sequential model (replicated variables).
 - `tf_keras.src.backend.get_default_graph_uid_map()`: the per-graph
@@ -24,6 +26,7 @@ import threading
 
 _KERAS2 = "tf_keras"
 _BASE_MODULE = "tf_keras.src.layers.normalization.batch_normalization"
+_LEGACY_TF_LAYERS = "tf_keras.src.legacy_tf_layers."
 
 _lock = threading.Lock()
 _installed = {"count": 0, "original": None}
@@ -89,6 +92,15 @@ def restore_name_counters(counters):
     current.update(counters)
 
 
+def is_tf1_layer(layer):
+    """Whether `layer` is a tf.compat.v1.layers one (tf_keras' legacy_tf_layers).
+
+    Those keep TF 1's behaviour (updates in UPDATE_OPS; refused under
+    'all_towers' and 'sync'; towerlib.layers.for_tower(ctx) is their swap).
+    """
+    return type(layer).__module__.startswith(_LEGACY_TF_LAYERS)
+
+
 def is_learning_phase(value):
     """Whether `value` is tf_keras' graph-mode learning-phase placeholder."""
     op = getattr(value, "op", None)
@@ -130,7 +142,7 @@ def _install(base):
 
             def call(self, inputs, training=None, mask=None):
                 stack = getattr(_routes, "stack", None)
-                if stack and stack[-1] is not None:
+                if stack and stack[-1] is not None and not is_tf1_layer(self):
                     return stack[-1](self, inputs, training)
                 return original(self, inputs, training=training, mask=mask)
 
