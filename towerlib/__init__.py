@@ -29,6 +29,7 @@ from towerlib.exchange.group import WorkerGroup
 from towerlib.precision.policy import BFloat16, Float16, Float32
 from towerlib.update.parameter_server import ParameterServer
 from towerlib.update.replicated import Replicated
+from towerlib.update.clipping import ClipByGlobalNorm
 
 # Building the training step.
 from towerlib.step.context import BN_MODES, BnMode, TowerContext, TowerRecords
@@ -70,7 +71,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     # The strategies.
-    "BFloat16", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
+    "BFloat16", "ClipByGlobalNorm", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
     "ParameterServer", "Replicated", "WorkerGroup",
     # Building and running the training step.
     "BN_MODES", "BnMode", "EvalGraph", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",

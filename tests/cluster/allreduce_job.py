@@ -92,6 +92,7 @@ def main():
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--accumulation_steps", type=int, default=1)
     parser.add_argument("--model", choices=["towerlib", "keras"], default="towerlib")
+    parser.add_argument("--clip_norm", type=float, default=0.0)
     parser.add_argument("--init", required=True)
     parser.add_argument("--out", required=True)
     run(parser.parse_args())
@@ -125,8 +126,10 @@ def run(args):
             return (tf.gather(tf.gather(tf.constant(images), step_index), rows),
                     tf.gather(tf.gather(tf.constant(labels), step_index), rows))
 
+        clip = getattr(args, "clip_norm", 0.0)
         options = dict(bn_mode=args.bn_mode, accumulation_steps=k, summaries=False,
-                       update=towerlib.Replicated(pack_bytes=64))
+                       update=towerlib.Replicated(pack_bytes=64),
+                       clipping=towerlib.ClipByGlobalNorm(clip) if clip else None)
         tower = keras_tower() if getattr(args, "model", "towerlib") == "keras" else model
         if args.role == "worker":
             graph = cluster_lib.build_sync_train_graph(
@@ -151,9 +154,11 @@ def run(args):
                     variable.load(start[variable.op.name], session)
                 if train.sync_copies_op is not None:
                     session.run(train.sync_copies_op)
-            losses = [session.run([train.train_op, train.loss], {step_index: s})[1]
-                      for s in range(STEPS)]
-            np.savez(args.out, losses=np.array(losses),
+            norm = train.gradient_norm if train.gradient_norm is not None else train.loss
+            runs = [session.run([train.train_op, train.loss, norm], {step_index: s})[1:]
+                    for s in range(STEPS)]
+            losses = [loss for loss, _ in runs]
+            np.savez(args.out, losses=np.array(losses), norms=np.array([n for _, n in runs]),
                      **{v.op.name: session.run(v) for v in variables})
     print("losses", losses, flush=True)
 

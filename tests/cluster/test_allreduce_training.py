@@ -56,15 +56,28 @@ CASES = [
     # The same network as a tf_keras model (towerlib.KerasTower).
     (2, 2, "sync", "momentum", 1, "keras"),
     (2, 2, "all_towers", "adam", 2, "keras"),
+    # Clipped by the global norm of the gradient all-reduced over both workers.
+    (2, 2, "sync", "momentum", 1, "clip"),
 ]
 # The weights each model names, and the first one's prefix (its slots are under it).
-WEIGHTS = {"towerlib": ({"w1", "w2"}, "w1/"), "keras": ({"w1/kernel", "w2/kernel"}, "w1/kernel/")}
+WEIGHTS = {"towerlib": ({"w1", "w2"}, "w1/"), "keras": ({"w1/kernel", "w2/kernel"}, "w1/kernel/"),
+           "clip": ({"w1", "w2"}, "w1/")}
+CLIP_NORM = 0.1  # below the job's gradient norms (about 0.3-0.6)
+
+
+def model_flags(model):
+    """The job's --model and --clip_norm for a case's model column."""
+    if model == "clip":
+        return "towerlib", CLIP_NORM
+    return model, 0.0
 
 
 @pytest.mark.parametrize("workers, towers, bn_mode, optimizer, steps, model", CASES)
 def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, workers, towers,
                                                      bn_mode, optimizer, steps, model):
-    common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", f"--model={model}",
+    job_model, clip_norm = model_flags(model)
+    common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", f"--model={job_model}",
+              f"--clip_norm={clip_norm}",
               f"--accumulation_steps={steps}", f"--init={tmp_path / 'init.npz'}"]
     ports = ",".join(str(p) for p in free_ports(workers))
     for task in range(workers):
@@ -81,7 +94,8 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
         with tf.Graph().as_default():
             allreduce_job.run(argparse.Namespace(
                 role=role, task=0, workers=1, towers=count, ports="", bn_mode=bn_mode,
-                optimizer=optimizer, accumulation_steps=steps, model=model,
+                optimizer=optimizer, accumulation_steps=steps, model=job_model,
+                clip_norm=clip_norm,
                 init=str(tmp_path / "init.npz"), out=str(tmp_path / f"{role}.npz")))
     for name in [f"worker{t}" for t in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
@@ -90,7 +104,7 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
     for task in range(workers):
         worker = np.load(tmp_path / f"w{task}.npz")
         for name in worker.files:
-            if name != "losses":
+            if name not in ("losses", "norms"):
                 np.testing.assert_array_equal(
                     worker[name], chief[plain_name(name)],
                     err_msg=f"worker {task}'s {name} differs from the chief's tower 0")
@@ -107,3 +121,5 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
              if n.startswith(first) and n.count("/") == first.count("/")]
     assert len(slots) == {"sgd": 0, "momentum": 1, "adam": 2}[optimizer], slots
     assert int(chief["global_step"]) == 5
+    if clip_norm:  # clipping was active: every step's global norm above the threshold
+        assert min(chief["norms"]) > clip_norm, chief["norms"]

@@ -180,7 +180,7 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
                            exchange=None, accumulation_steps=1, ema_decay=None,
                            global_step=None, learning_rate=None, var_list=None,
                            summaries=True, check_isolation=True, device_function=None,
-                           update=None):
+                           update=None, clipping=None):
     """Builds this replica's synchronous training step.
 
     `update` chooses how the workers combine, as on one machine: None or
@@ -212,6 +212,9 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
         per global step by the chief.
       device_function: the ParameterServerPlacer the inputs were built under
         (default: a new one).
+      clipping: towerlib.ClipByGlobalNorm(...) with update=Replicated() (the
+        norm of the gradient all-reduced over every worker); refused through
+        ps tasks, where each worker applies its own gradient before they meet.
 
     Returns:
       A SyncTrainGraph.
@@ -232,7 +235,13 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             device_type=device_type, update=update, bn_mode=bn_mode, precision=precision,
             exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
             global_step=global_step, learning_rate=learning_rate, var_list=var_list,
-            summaries=summaries, check_isolation=check_isolation)
+            summaries=summaries, check_isolation=check_isolation, clipping=clipping)
+    if clipping is not None:
+        raise ValueError(
+            "clipping is taken over the whole global batch's gradient, which the "
+            "parameter-server path never holds in one place (each worker hands its own "
+            "to SyncReplicasOptimizer). Fix: update=towerlib.Replicated() (all-reduce "
+            "across the workers), or no clipping.")
     if cluster.num_ps == 0:
         raise ValueError(
             "This cluster has no ps task, so the parameter-server path has nowhere to "

@@ -29,6 +29,7 @@ from towerlib.step.context import TowerRecords
 from towerlib.step.objective import StepObjective
 from towerlib.step.train_graph import TrainGraph
 from towerlib.update import broadcast
+from towerlib.update import clipping as clipping_lib
 
 __all__ = ["build_train_graph"]
 
@@ -37,7 +38,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                       device_type=None, bn_mode="first_tower", update="parameter_server",
                       precision="float32", exchange=None, accumulation_steps=1,
                       global_step=None, ema_decay=None, learning_rate=None, var_list=None,
-                      summaries=True, check_isolation=True, workers=None):
+                      summaries=True, check_isolation=True, workers=None, clipping=None):
     """Builds the multi-tower training step.
 
     Args:
@@ -69,6 +70,9 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         processes (docs/distributed.md): this process builds its own towers,
         the exchange spans every worker's, and one step is one update on
         the whole global batch of every worker. Needs update=Replicated().
+      clipping: None, or towerlib.ClipByGlobalNorm(clip_norm): the step's
+        combined gradient (every tower, micro-batch and worker, unscaled)
+        clipped by its global norm, alike on every copy (towerlib.update.clipping).
 
     Returns:
       A TrainGraph. Its `loss` is the data loss; regularization is in
@@ -79,7 +83,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         device_type=device_type, bn_mode=bn_mode, update=update, precision=precision,
         exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
         learning_rate=learning_rate, global_step=global_step, var_list=var_list,
-        summaries=summaries, check_isolation=check_isolation, workers=workers)
+        summaries=summaries, check_isolation=check_isolation, workers=workers,
+        clipping=clipping)
     options.precision.check_optimizer(optimizer)
     setting = _step_setting(options, global_step)
     stacks, global_examples = (
@@ -97,7 +102,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                                 objective)
     applied = _apply(optimizer, setting, objective, gradients)
     train_op, broadcast_op = _join_workers(applied, setting)
-    scalars = (_add_summaries(gradients.records, objective, applied.losses, learning_rate,
+    scalars = (_add_summaries(gradients.records, objective, applied, learning_rate,
                               setting.loss_scale, setting.host) if summaries else {})
     return TrainGraph(
         train_op=train_op, loss=applied.losses.loss, total_loss=applied.losses.total_loss,
@@ -111,7 +116,8 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         variable_update=setting.variable_update.name,
         variable_copies=setting.variable_update.copies,
         sync_copies_op=setting.variable_update.sync_op(), loss_scale=setting.loss_scale,
-        broadcast_op=broadcast_op, accumulation_buffers=gradients.buffers)
+        broadcast_op=broadcast_op, accumulation_buffers=gradients.buffers,
+        gradient_norm=applied.gradient_norm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +229,7 @@ class _Applied:
     ema: Any
     losses: Any  # towerlib.step.objective.StepLosses
     combined: Any  # towerlib.update.base.CombinedGradients
+    gradient_norm: Any = None  # with clipping: the global norm before it
 
 
 def _apply(optimizer, setting, objective, gradients):
@@ -233,6 +240,9 @@ def _apply(optimizer, setting, objective, gradients):
     _check_exchanges(reducer)  # and the gradients' all-reduce
     if setting.loss_scale is not None:
         combined = combined.map_pairs(setting.loss_scale.unscale)
+    norm = None
+    if options.clipping is not None:
+        combined, norm = clipping_lib.clip_combined(combined, options.clipping, setting.host)
     with tf.device(setting.host), tf.name_scope("losses"):
         losses = objective.losses()
     # Across workers every worker decides on the global loss, which all share.
@@ -243,7 +253,7 @@ def _apply(optimizer, setting, objective, gradients):
         gradients.records, options.bn_mode, setting.global_step,
         ema_decay=options.ema_decay, var_list=gradients.var_list,
         loss_scale=setting.loss_scale, losses=decided_on, reducer=reducer)
-    return _Applied(train_op, update_ops, ema, losses, combined)
+    return _Applied(train_op, update_ops, ema, losses, combined, norm)
 
 
 def _join_workers(applied, setting):
@@ -312,8 +322,9 @@ def _trained_variables(var_list, trainable_before):
     return var_list
 
 
-def _add_summaries(records, objective, losses, learning_rate, loss_scale, host):
+def _add_summaries(records, objective, applied, learning_rate, loss_scale, host):
     """The merged tower scalars (by name) and the losses' summaries."""
+    losses = applied.losses
     with tf.device(host):
         scalars = summaries_lib.merge_tower_scalars(records, {
             (t.context.micro_batch, t.context.index): share
@@ -325,4 +336,6 @@ def _add_summaries(records, objective, losses, learning_rate, loss_scale, host):
             summaries_lib.scalar_summary("learning_rate", learning_rate)
         if loss_scale is not None:
             summaries_lib.scalar_summary("loss_scale", loss_scale.value)
+        if applied.gradient_norm is not None:
+            summaries_lib.scalar_summary("gradient_norm", applied.gradient_norm)
     return scalars

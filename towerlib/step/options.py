@@ -24,6 +24,7 @@ from towerlib.precision.policy import Precision, resolve_precision
 from towerlib.step import accumulation
 from towerlib.step import inputs as inputs_lib
 from towerlib.step import towers as towers_lib
+from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
 from towerlib.step.context import check_bn_mode
 from towerlib.update.base import UpdateChoice
 from towerlib.update.choose import resolve_update
@@ -156,6 +157,7 @@ OPTION_CHECKS = types.MappingProxyType({
     "summaries": _check_bool("summaries"),
     "check_isolation": _check_bool("check_isolation"),
     "workers": resolve_workers,
+    "clipping": resolve_clipping,
 })
 
 
@@ -179,6 +181,7 @@ class StepOptions:
     accumulation_steps: int
     ema_decay: Optional[float]
     workers: WorkerGroup = ONE_WORKER
+    clipping: Optional[ClipByGlobalNorm] = None
 
 
 def check_exchange_applies(exchange, bn_mode, update):
@@ -195,14 +198,14 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
                          update="parameter_server", precision="float32", exchange=None,
                          accumulation_steps=1, ema_decay=None, learning_rate=None,
                          global_step=None, var_list=None, summaries=True,
-                         check_isolation=True, workers=None) -> StepOptions:
+                         check_isolation=True, workers=None, clipping=None) -> StepOptions:
     """Checks every build option (the first bad one raises) and resolves them."""
     given = dict(tower_fn=tower_fn, optimizer=optimizer, bn_mode=bn_mode, update=update,
                  precision=precision, exchange=exchange,
                  accumulation_steps=accumulation_steps, ema_decay=ema_decay,
                  learning_rate=learning_rate, global_step=global_step,
                  var_list=var_list, summaries=summaries, check_isolation=check_isolation,
-                 workers=workers)
+                 workers=workers, clipping=clipping)
     resolved = {name: OPTION_CHECKS[name](value) for name, value in given.items()
                 if not (name == "tower_fn" and value is None)}
     update, workers, bn_mode = resolved["update"], resolved["workers"], resolved["bn_mode"]
@@ -215,4 +218,4 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
         precision=resolved["precision"],
         exchange=resolve_exchange(exchange, devices, workers) if needs_exchange else None,
         accumulation_steps=resolved["accumulation_steps"], ema_decay=ema_decay,
-        workers=workers)
+        workers=workers, clipping=resolved["clipping"])

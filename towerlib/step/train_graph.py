@@ -56,6 +56,8 @@ class TrainGraph:
         handles of the step-local buffers the loop keeps its sums in (zeroed
         at the start of every step; not variables: in no collection, never
         saved or initialized); () otherwise.
+      gradient_norm: with clipping=ClipByGlobalNorm(...), the step's global
+        gradient norm before clipping (float32 scalar, also a summary); else None.
     """
 
     train_op: tf.Operation
@@ -79,6 +81,7 @@ class TrainGraph:
     loss_scale: Any = None
     broadcast_op: Any = None
     accumulation_buffers: Tuple[Any, ...] = ()
+    gradient_norm: Any = None
 
     def initialize(self, session):
         """Initializes every variable for a plain Session (run_training needs none).
