@@ -16,7 +16,7 @@ LAYERS = [
     ["update"],                             # parameter server, replicated copies
     ["batchnorm", "precision"],             # batch norm across towers; dtypes, guards
     ["checks"],                             # build-time checks of towers and data
-    ["step", "layers"],                     # building the training step; the layers
+    ["step", "layers", "schedules"],        # the training step; the layers; rate schedules
     ["checks.validation"],                  # validate_config: the step's and the loop's options
     ["run"],                                # the training loop
     ["cluster"],                            # several machines

@@ -16,7 +16,8 @@ optional linear warm-up over the first epochs.
 import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
-import tensorflow as tf
+import towerlib
+import towerlib.schedules  # noqa: F401  (towerlib.schedules.LearningRate...)
 
 REFERENCE_BATCH_SIZE = 128
 
@@ -38,40 +39,20 @@ class LearningRateSchedule:
     boundaries: List[int]
     decay_factor: float
 
+    def library_schedule(self) -> towerlib.schedules.LearningRate:
+        """The same schedule as towerlib.schedules objects (what computes it)."""
+        return towerlib.schedules.LearningRate(
+            self.base_rate,
+            decay=towerlib.schedules.PiecewiseConstant(self.boundaries, self.decay_factor),
+            warmup=towerlib.schedules.Warmup(self.warmup_steps) if self.warmup_steps else None)
+
     def rate_at(self, step: int) -> float:
         """The rate used by the update that brings global_step from ``step`` to step + 1."""
-        if self.warmup_steps and step < self.warmup_steps:
-            return self.base_rate * (step + 1) / self.warmup_steps
-        decays = sum(1 for boundary in self.boundaries if step >= boundary)
-        return self.base_rate * self.decay_factor**decays
+        return self.library_schedule().rate_at(step)
 
     def tensor(self, global_step):
         """The rate as a float32 scalar tensor of the int64 ``global_step`` variable."""
-        step = tf.cast(global_step, tf.int64)
-        values = tf.constant(
-            [
-                self.base_rate * self.decay_factor**i
-                for i in range(len(self.boundaries) + 1)
-            ],
-            tf.float32,
-        )
-        # The number of boundaries already reached (step >= boundary), as in rate_at.
-        decays = (
-            tf.reduce_sum(
-                tf.cast(
-                    tf.greater_equal(step, tf.constant(self.boundaries, tf.int64)), tf.int32
-                )
-            )
-            if self.boundaries
-            else tf.constant(0, tf.int32)
-        )
-        rate = tf.gather(values, decays)
-        if self.warmup_steps:
-            warm = self.base_rate * tf.cast(step + 1, tf.float32) / float(self.warmup_steps)
-            rate = tf.where(step < self.warmup_steps, warm, rate)
-        # Not named 'learning_rate': towerlib's summary of that name would become
-        # 'learning_rate_1' (v1 summary tags are uniquified against op names).
-        return tf.identity(rate, name="learning_rate_schedule")
+        return self.library_schedule().tensor(global_step)
 
 
 def steps_per_epoch(examples_per_epoch: int, global_batch_size: int) -> float:
@@ -87,7 +68,8 @@ def steps_per_epoch(examples_per_epoch: int, global_batch_size: int) -> float:
 
 def epochs_to_steps(epochs: float, examples_per_epoch: int, global_batch_size: int) -> int:
     """The optimizer step at which ``epochs`` passes over the training set are done."""
-    return int(round(epochs * steps_per_epoch(examples_per_epoch, global_batch_size)))
+    steps_per_epoch(examples_per_epoch, global_batch_size)  # the checks and their message
+    return towerlib.schedules.steps_for_epochs(epochs, examples_per_epoch, global_batch_size)
 
 
 # Above this a CIFAR model diverges in its first steps; a larger value is a typo
@@ -156,7 +138,8 @@ def make_schedule(
     """
     decay_epochs = check_settings(base_rate, decay_epochs, decay_factor, warmup_epochs)
     if scale_with_batch:
-        base_rate *= global_batch_size / REFERENCE_BATCH_SIZE
+        base_rate = towerlib.schedules.linear_scaling(
+            base_rate, global_batch_size, REFERENCE_BATCH_SIZE)
     return LearningRateSchedule(
         base_rate=base_rate,
         warmup_steps=epochs_to_steps(warmup_epochs, examples_per_epoch, global_batch_size),
