@@ -16,7 +16,7 @@ LAYERS = [
     ["update"],                             # parameter server, replicated copies
     ["batchnorm", "precision"],             # batch norm across towers; dtypes, guards
     ["checks"],                             # build-time checks of towers and data
-    ["step", "layers", "schedules"],        # the training step; the layers; rate schedules
+    ["step", "layers", "schedules", "optimizers"],  # the step; layers; rates; LARS, LAMB
     ["checks.validation"],                  # validate_config: the step's and the loop's options
     ["run"],                                # the training loop
     ["cluster"],                            # several machines

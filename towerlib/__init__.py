@@ -21,7 +21,7 @@ The packages, by concern:
   layers      conv2d, dense, pooling... on tf.compat.v1.get_variable
 """
 
-from towerlib import cluster, exchange, layers, schedules
+from towerlib import cluster, exchange, layers, optimizers, schedules
 
 # The strategies, each an object chosen by the user (strings name the defaults).
 from towerlib.exchange.choice import CollectiveExchange, GraphExchange
@@ -81,7 +81,8 @@ __all__ = [
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",
     "missing_tower_devices",
     # Submodules.
-    "cluster", "exchange", "hooks", "layers", "loss_scaling", "mixed_precision", "schedules",
+    "cluster", "exchange", "hooks", "layers", "loss_scaling", "mixed_precision", "optimizers",
+    "schedules",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
     "KerasBatchNormError",
