@@ -56,8 +56,9 @@ def numpy_lamb(rate, beta1, beta2, eps, wd):
 
 def linear_tower(inputs, ctx):
     x, y = inputs
-    w = tf.compat.v1.get_variable("w", initializer=tf.constant(W0, tf.float32))
-    b = tf.compat.v1.get_variable("b", initializer=tf.constant(B0, tf.float32))
+    # Initializers, not tensors: with accumulation the towers build inside a loop's body.
+    w = tf.compat.v1.get_variable("w", W0.shape, initializer=tf.constant_initializer(W0))
+    b = tf.compat.v1.get_variable("b", B0.shape, initializer=tf.constant_initializer(B0))
     return tf.reduce_mean(0.5 * tf.reduce_sum(tf.square(tf.matmul(x, w) + b - y), axis=1))
 
 
