@@ -41,7 +41,7 @@ def _poison_gradient(x, poisoned):
 
 def build(seed=1, num_towers=2, global_batch=8, guarded=True, check_gradients=False,
           nan_loss_at_step=None, inf_gradient_at_step=None, bad_tower=1,
-          learning_rate=0.1):
+          learning_rate=0.1, hidden_units=8, num_classes=NUM_CLASSES):
     """Builds the training graph in the current default graph.
 
     Args:
@@ -50,6 +50,8 @@ def build(seed=1, num_towers=2, global_batch=8, guarded=True, check_gradients=Fa
       inf_gradient_at_step: the step at which `bad_tower`'s gradients of the
         hidden layer become Inf while its loss stays finite.
       guarded: wrap the optimizer in towerlib.guard_numerics.
+      hidden_units, num_classes: the widths of the two layers (another width
+        makes a checkpoint that does not fit).
 
     Returns:
       the TrainGraph.
@@ -62,17 +64,17 @@ def build(seed=1, num_towers=2, global_batch=8, guarded=True, check_gradients=Fa
             [global_batch, 6], seed=tf.stack([seed, step_before]))
         labels = tf.random.stateless_uniform(
             [global_batch], seed=tf.stack([seed + 1, step_before]),
-            minval=0, maxval=NUM_CLASSES, dtype=tf.int32)
+            minval=0, maxval=num_classes, dtype=tf.int32)
 
     def at_step(step):
         return tf.equal(step_before, step - 1)
 
     def tower_fn(inputs, ctx):
         x, y = inputs
-        hidden = layers.dense(x, 8, name="hidden")
+        hidden = layers.dense(x, hidden_units, name="hidden")
         if inf_gradient_at_step is not None and ctx.index == bad_tower:
             hidden = _poison_gradient(hidden, at_step(inf_gradient_at_step))
-        logits = layers.dense(tf.nn.relu(hidden), NUM_CLASSES, name="logits")
+        logits = layers.dense(tf.nn.relu(hidden), num_classes, name="logits")
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
             labels=y, logits=logits))
         if nan_loss_at_step is not None and ctx.index == bad_tower:

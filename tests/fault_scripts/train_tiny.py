@@ -11,6 +11,9 @@ checkpoint protocol, which an outside kill can only hit by luck:
             file but not renamed over 'checkpoint';
   delete:S  the old checkpoint S, dropped by max_to_keep, has lost its .index
             but not its data yet.
+
+`--abort_every_step` makes every step fail with an AbortedError (printing
+'ABORTING'), as a lost ps task does: the session is recreated again and again.
 """
 
 import argparse
@@ -27,7 +30,8 @@ import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
 from towerlib.run import checkpoints  # noqa: E402
-from towerlib.run import durable_files
+from towerlib.run import durable_files  # noqa: E402
+from towerlib.run import sessions  # noqa: E402
 from towerlib.run.trainer import step_after_update  # noqa: E402
 from tests.fault_scripts import tiny_model  # noqa: E402
 
@@ -93,6 +97,15 @@ class PrintSteps(tf.compat.v1.train.SessionRunHook):
             time.sleep(self.sleep)
 
 
+class AbortEveryStep(tf.compat.v1.train.SessionRunHook):
+    """Every step fails as a restarted ps task makes it fail (a recreation each)."""
+
+    def before_run(self, run_context):
+        print("ABORTING", flush=True)
+        time.sleep(0.05)
+        raise tf.errors.AbortedError(None, None, "a ps task restarted (test)")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--train_dir", required=True)
@@ -102,6 +115,8 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--step_sleep", type=float, default=0.0)
     parser.add_argument("--die_at", default=None, help="POINT:STEP")
+    parser.add_argument("--abort_every_step", action="store_true")
+    parser.add_argument("--max_recreations", type=int, default=None)
     args = parser.parse_args()
 
     handler = logging.StreamHandler(sys.stdout)
@@ -112,6 +127,9 @@ def main():
     if args.die_at:
         point, step = args.die_at.split(":")
         inject_fault(point, int(step), args.train_dir)
+    if args.max_recreations is not None:
+        sessions.MAX_SESSION_RECREATIONS = args.max_recreations
+    extra_hooks = [AbortEveryStep()] if args.abort_every_step else []
 
     with tf.Graph().as_default():
         train = tiny_model.build(seed=args.seed)
@@ -120,7 +138,7 @@ def main():
             save_checkpoint_steps=args.save_every, max_checkpoints_to_keep=args.keep,
             session_config=tiny_model.session_config(2), log_every_n_steps=1000,
             save_summaries_steps=None,
-            hooks=[PrintSteps(train, args.step_sleep)])
+            hooks=[PrintSteps(train, args.step_sleep)] + extra_hooks)
     print(f"DONE step={result.global_step} signal={result.stop_signal} "
           f"checkpoint={result.checkpoint}", flush=True)
 

@@ -41,3 +41,26 @@ def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(pool, tmp_p
         assert checkpoints.checkpoint_problem(latest) is None
         assert [checkpoints.checkpoint_step(p)
                 for p in checkpoints.read_state(train_dir)] == [0, step]
+
+
+def test_a_signal_stops_a_run_whose_session_is_being_recreated(pool, tmp_path):
+    # Every step aborts: no step ever completes, so a stop requested "after the
+    # step" would never come (issue 34, item 1: a SIGTERM was swallowed).
+    train_dir = str(tmp_path / "train")
+    process = pool.train_tiny(train_dir, 100, "--abort_every_step",
+                              "--max_recreations", 100000)
+    process.wait_for_line(r"session is being recreated", TIMEOUT)
+    process.wait_for_line(r"^ABORTING$", TIMEOUT)
+    process.send(signal.SIGTERM)
+    assert process.wait(TIMEOUT) == 0, process.output
+    output = process.output
+    assert re.search(r"^DONE step=0 signal=SIGTERM checkpoint=\S+model.ckpt-0$", output,
+                     re.M), output
+    assert checkpoints.checkpoint_step(checkpoints.find_restorable_checkpoint(train_dir)) == 0
+
+
+def test_session_recreation_ends_in_one_error_in_a_real_process(pool, tmp_path):
+    process = pool.train_tiny(str(tmp_path / "train"), 100, "--abort_every_step",
+                              "--max_recreations", 3)
+    assert process.wait(TIMEOUT) == 1, process.output
+    assert "SessionRecreationError: The session was recreated 3 times" in process.output

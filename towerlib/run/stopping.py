@@ -9,8 +9,14 @@ final checkpoint. The first signal also puts the previous handlers back, so a
 second one acts as it would without towerlib (Ctrl-C raises
 KeyboardInterrupt, SIGTERM kills): an impatient user can still stop at once,
 and the crash-safe checkpoints keep the last saved one restorable.
+
+While no step can finish (a session being created or recreated after a
+failed step), a signal ends the run at once: `stop_at_once` makes the
+handler raise StopSignalReceived, which run_training turns into a stop
+without a final checkpoint (the last saved one stays the newest).
 """
 
+import contextlib
 import logging
 import signal
 import threading
@@ -20,6 +26,16 @@ import tensorflow as tf
 logger = logging.getLogger("towerlib")
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopSignalReceived(BaseException):
+    """A stop signal arrived while no step could finish; not an Exception, so
+    that no `except Exception` on the way swallows it (as KeyboardInterrupt)."""
+
+    def __init__(self, signum):
+        self.signum = signum
+        super().__init__(f"{signal.Signals(signum).name} received while the session "
+                         "was being created: training stopped.")
 
 
 class SignalStopHook(tf.compat.v1.train.SessionRunHook):
@@ -38,6 +54,7 @@ class SignalStopHook(tf.compat.v1.train.SessionRunHook):
         self.signals = tuple(signals)
         self.received = None
         self._previous = {}
+        self._at_once = False
 
     def install(self):
         if self._previous:
@@ -59,10 +76,25 @@ class SignalStopHook(tf.compat.v1.train.SessionRunHook):
         del frame
         if self.received is None:
             self.received = signum
+        self.uninstall()
+        if self._at_once:
+            logger.warning("Received %s while a session was being created: stopping "
+                           "now, without a final checkpoint.", signal.Signals(signum).name)
+            raise StopSignalReceived(signum)
         logger.warning("Received %s: finishing this step, saving a checkpoint and "
                        "stopping. Send it again to stop at once without saving.",
                        signal.Signals(signum).name)
-        self.uninstall()
+
+    @contextlib.contextmanager
+    def stop_at_once(self):
+        """Within: a signal raises StopSignalReceived (also one received before)."""
+        if self.received is not None:
+            raise StopSignalReceived(self.received)
+        self._at_once = True
+        try:
+            yield
+        finally:
+            self._at_once = False
 
     @property
     def received_name(self):

@@ -18,9 +18,11 @@ import logging
 
 import tensorflow as tf
 
+from towerlib.run import checkpoint_fit
 from towerlib.run import checkpoints
 from towerlib.run import guards
 from towerlib.run import hooks as hooks_lib
+from towerlib.run import sessions
 from towerlib.run import stopping
 from towerlib import trace
 from towerlib.checks import data_checks
@@ -85,42 +87,15 @@ def examples_per_step_of(train_graph):
         return tf.add_n([tf.cast(size, tf.int32) for size in sizes])
 
 
-class _ChiefSessionCreator(tf.compat.v1.train.SessionCreator):
-    """The chief's sessions, each restoring the newest checkpoint there is then.
-
-    MonitoredSession creates a new session after an AbortedError or
-    UnavailableError, e.g. when a ps task restarted and lost the variables.
-    Stock, that session restores the checkpoint chosen when the process
-    started (or initializes afresh when there was none): training rolls
-    back. The first session restores `restore_from`; every later one asks
-    `checkpoints.prepare_restore` again.
-    """
-
-    def __init__(self, scaffold, master, session_config, train_dir, restore_from):
-        self._options = dict(scaffold=scaffold, master=master, config=session_config)
-        self._train_dir = train_dir
-        self._restore_from = restore_from
-        self._sessions_created = 0
-
-    def create_session(self):
-        if self._sessions_created:
-            logger.warning("The chief's session is being recreated (a ps task "
-                           "restarted?): restoring the newest checkpoint in %s.",
-                           self._train_dir)
-            self._restore_from = checkpoints.prepare_restore(self._train_dir)
-        self._sessions_created += 1
-        return tf.compat.v1.train.ChiefSessionCreator(
-            checkpoint_filename_with_path=self._restore_from,
-            **self._options).create_session()
-
-
 def _session_creator(scaffold, master, session_config, is_chief, train_dir,
-                     restore_from):
+                     restore_from, signal_hook):
     if is_chief:
-        return _ChiefSessionCreator(scaffold, master, session_config, train_dir,
-                                    restore_from)
-    return tf.compat.v1.train.WorkerSessionCreator(
-        scaffold=scaffold, master=master, config=session_config)
+        creator = sessions.ChiefSessionCreator(scaffold, master, session_config,
+                                               train_dir, restore_from)
+    else:
+        creator = tf.compat.v1.train.WorkerSessionCreator(
+            scaffold=scaffold, master=master, config=session_config)
+    return sessions.BoundedSessionCreator(creator, signal_hook)
 
 
 def run_training(train_graph, *, train_dir, max_steps, hooks=(),
@@ -208,6 +183,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
             restore_from = checkpoints.prepare_restore(train_dir)
         elif restore_from is not None:
             logger.info("Restoring %s.", restore_from)
+        with graph.as_default():  # before any session: a misfit loops or trains wrong
+            checkpoint_fit.check_fits_graph(restore_from, scaffold.saver)
     else:
         restore_from = None
 
@@ -272,13 +249,15 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         all_hooks.append(checkpoint_hook)
 
     session_creator = _session_creator(scaffold, master, session_config, is_chief,
-                                       train_dir, restore_from)
+                                       train_dir, restore_from, signal_hook)
+    all_hooks.append(session_creator.progress_hook)
     if session_creator_wrapper is not None:
         session_creator = session_creator_wrapper(session_creator)
 
     def last_checkpoint():
         return checkpoint_hook.last_saved if checkpoint_hook else None
 
+    start_step = None
     try:
         with graph.as_default(), exchange_safety.explain_collective_errors(graph), \
                 tf.compat.v1.train.MonitoredSession(
@@ -305,9 +284,13 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                     raise failure.with_last_checkpoint(last_checkpoint()) from error
                 except guards.NonFiniteError as error:
                     raise error.with_last_checkpoint(last_checkpoint()) from None
+    except stopping.StopSignalReceived:
+        pass  # while no step could finish: no final checkpoint (signal_hook.received)
     finally:
         if signal_hook is not None:
             signal_hook.uninstall()
+    if start_step is None:  # stopped before the first session existed
+        start_step = checkpoints.checkpoint_step(last_checkpoint() or restore_from or "") or 0
     stopped_by_signal = signal_hook is not None and signal_hook.received is not None
     if step_logger.last_step is None and start_step < max_steps and not stopped_by_signal:
         raise data_checks.DataError(

@@ -1,0 +1,96 @@
+"""Whether a checkpoint fits a graph: every saved variable there, of its shape and dtype.
+
+A resource variable restored from a tensor of another shape takes that shape
+without a word; the step then fails (an ABORTED error in a gradient op, which
+MonitoredSession treats as a lost ps task) or, for a layer whose shape only
+the next op's broadcast sees, trains and saves another model. So the names,
+shapes and dtypes the saver would restore are compared with the checkpoint's
+index (no value is read) before any session exists.
+"""
+
+import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object_util
+
+from towerlib.run.checkpoint_state import CheckpointError
+
+__all__ = ["check_fits_graph", "mismatches"]
+
+_SHOWN = 3  # mismatches named in the first line
+
+
+def _saved_objects(saver):
+    """The saver's var_list, or what the Scaffold's default saver saves."""
+    var_list = getattr(saver, "_var_list", None) if saver is not None else None
+    if var_list is None:
+        var_list = (tf.compat.v1.global_variables()
+                    + tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
+    return saveable_object_util.op_list_to_dict(var_list)
+
+
+def _expected(saved):
+    """(shape as a list or None, dtype or None) of one entry of the saver's dict."""
+    if isinstance(saved, (list, tuple)):  # a partitioned variable's slices
+        info = getattr(saved[0], "_save_slice_info", None)
+        return (list(info.full_shape) if info else None), saved[0].dtype.base_dtype
+    if not hasattr(saved, "shape") or not hasattr(saved, "dtype"):
+        return None, None
+    shape = saved.shape
+    shape = shape.as_list() if shape.is_fully_defined() else None
+    return shape, saved.dtype.base_dtype
+
+
+def mismatches(prefix, saver=None):
+    """One text per variable of the default graph that `prefix` does not fit, in order.
+
+    E.g. 'conv1/weights: [5, 5, 3, 4] in the checkpoint, [5, 5, 3, 8] in the
+    graph' or 'logits/biases: missing from the checkpoint'. Data positions
+    and other saveable objects are checked by their tensors' names.
+    """
+    reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    found = []
+    for name, saved in sorted(_saved_objects(saver).items()):
+        specs = getattr(saved, "specs", None)
+        if specs is not None:  # a SaveableObject: its tensors' names
+            absent = [spec.name for spec in specs if spec.name not in shapes]
+            if absent:
+                found.append(f"{absent[0]}: missing from the checkpoint")
+            continue
+        if name not in shapes:
+            found.append(f"{name}: missing from the checkpoint")
+            continue
+        shape, dtype = _expected(saved)
+        if shape is not None and list(shapes[name]) != shape:
+            found.append(f"{name}: {list(shapes[name])} in the checkpoint, {shape} in the graph")
+        elif dtype is not None and dtypes[name] != dtype:
+            found.append(f"{name}: {dtypes[name].name} in the checkpoint, "
+                         f"{dtype.name} in the graph")
+    return found
+
+
+def check_fits_graph(prefix, saver=None):
+    """Raises CheckpointError when the checkpoint at `prefix` does not fit the default graph.
+
+    The first line names the checkpoint, up to three variables with both
+    shapes (or dtypes) and the fix; the rest lists every mismatch.
+    """
+    if prefix is None:
+        return
+    try:
+        found = mismatches(prefix, saver)
+    except (tf.errors.OpError, ValueError, RuntimeError) as error:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise CheckpointError(
+            f"Cannot restore {prefix}: it is not a readable checkpoint ({text}). Fix: "
+            "restore_from= a checkpoint prefix (e.g. '<dir>/model.ckpt-1000'), "
+            "'newest', or None to start afresh.") from None
+    if not found:
+        return
+    more = f" (and {len(found) - _SHOWN} more)" if len(found) > _SHOWN else ""
+    lines = [f"The checkpoint {prefix} does not fit this graph (another model, layer "
+             f"width or optimizer): {'; '.join(found[:_SHOWN])}{more}. Fix: train into "
+             "another train_dir, or pass restore_from=None (start afresh) or "
+             "restore_from=<a checkpoint of this model>."]
+    if len(found) > _SHOWN:
+        lines += [f"  - {text}" for text in found]
+    raise CheckpointError("\n".join(lines))
