@@ -10,6 +10,7 @@ Library code reads no flags: scripts pass flag values to `cluster_from_flags`
 or let `resolve_cluster` fall back to the TF_CONFIG environment variable.
 """
 
+import numbers
 import dataclasses
 import json
 import os
@@ -168,7 +169,7 @@ def _validated(jobs, job_name, task_index, source):
         raise ValueError(
             f"{source}: this task's job {job_name!r} is not in the cluster "
             f"(jobs: {sorted(jobs)}). Use --job_name=ps or --job_name=worker.")
-    if isinstance(task_index, bool) or not isinstance(task_index, int):
+    if isinstance(task_index, bool) or not isinstance(task_index, numbers.Integral):
         raise TypeError(f"{source}: task index must be an int, got {task_index!r}.")
     if not 0 <= task_index < len(jobs[job_name]):
         raise ValueError(

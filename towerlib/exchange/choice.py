@@ -10,6 +10,7 @@ one tower. Left as None, the exchange is collectives (NCCL) when every tower
 is a GPU and graph edges otherwise. 'graph' and 'collective' are shorthands.
 """
 
+import numbers
 import dataclasses
 from typing import Optional
 
@@ -61,11 +62,14 @@ class CollectiveExchange(ExchangeChoice):
 
     def __post_init__(self):
         value = self.timeout_seconds
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, numbers.Real)
                                   or not value > 0 or value == float("inf")):
             raise ValueError(
                 f"CollectiveExchange(timeout_seconds={value!r}) is not a timeout. Fix: a "
                 "finite number of seconds > 0, or None for no per-op timeout.")
+        if value is not None:
+            object.__setattr__(self, "timeout_seconds", float(value))  # numpy numbers too
 
 
 def resolve_exchange(exchange, devices=None, workers=ONE_WORKER) -> Optional[ExchangeChoice]:

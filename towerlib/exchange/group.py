@@ -15,6 +15,7 @@ whole job, whose values a broadcast sends and whose shard `bn_mode=
 'first_tower'` takes its statistics from.
 """
 
+import numbers
 import dataclasses
 
 __all__ = ["ONE_WORKER", "WorkerGroup"]
@@ -36,8 +37,9 @@ class WorkerGroup:
     def __post_init__(self):
         for name in ("num_workers", "worker_index"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 raise TypeError(f"WorkerGroup({name}={value!r}) must be an int.")
+            object.__setattr__(self, name, int(value))  # numpy ints too
         if self.num_workers < 1:
             raise ValueError(f"WorkerGroup(num_workers={self.num_workers}): at least 1.")
         if not 0 <= self.worker_index < self.num_workers:

@@ -70,6 +70,7 @@ session.run, so the objective and the unscaling always use the same S, and S
 is assigned only after the branch has run.
 """
 
+import numbers
 import math
 
 import tensorflow as tf
@@ -227,7 +228,7 @@ class LossScale:
 
 
 def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
             or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
 
@@ -259,10 +260,10 @@ class DynamicLossScale(LossScale):
                              f"overflow), got {factor!r}.")
         if floor > initial:
             raise ValueError(f"floor ({floor!r}) must be at most initial ({initial!r}).")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) \
-                or growth_interval < 1:
+        if isinstance(growth_interval, bool) \
+                or not isinstance(growth_interval, numbers.Integral) or growth_interval < 1:
             raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}.")
-        self.initial, self.growth_interval = float(initial), growth_interval
+        self.initial, self.growth_interval = float(initial), int(growth_interval)
         self.factor, self.floor = float(factor), float(floor)
         with tf.name_scope(name) as scope:
             super().__init__(scope)
@@ -333,7 +334,7 @@ def make_loss_scale(loss_scale):
         return loss_scale
     if loss_scale == "dynamic":
         return DynamicLossScale()
-    if isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
+    if isinstance(loss_scale, numbers.Real) and not isinstance(loss_scale, bool):
         return FixedLossScale(loss_scale)
     raise ValueError(
         f"loss_scale must be None, 'dynamic', a number or a towerlib.precision.loss_scaling."

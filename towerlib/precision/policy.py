@@ -11,6 +11,7 @@ the compute dtype. The names 'float32', 'bfloat16' and 'float16' (or their
 tf.DType) are shorthands for the defaults.
 """
 
+import numbers
 import dataclasses
 import math
 from typing import Union
@@ -76,12 +77,13 @@ class Float16(Precision):
         scale = self.loss_scale
         if scale == "dynamic" or isinstance(scale, loss_scaling.LossScale):
             return
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
                 or not math.isfinite(scale) or scale <= 0:
             raise ValueError(
                 f"Float16(loss_scale={scale!r}): the loss scale must be 'dynamic', a "
                 "finite number > 0 (e.g. 1024, a fixed scale) or a "
                 "towerlib.loss_scaling.LossScale. Fix: loss_scale='dynamic'.")
+        object.__setattr__(self, "loss_scale", float(scale))  # numpy numbers too
 
     def check_optimizer(self, optimizer):
         for guard in guards.guards_in(optimizer):

@@ -6,6 +6,7 @@ testable on a laptop. Device strings are always full '/device:TYPE:i' specs;
 nothing here assumes CPU.
 """
 
+import numbers
 import logging
 
 import tensorflow as tf
@@ -47,7 +48,7 @@ def warn_missing_gpus(devices):
 
 
 def check_num_towers(num_towers):
-    if isinstance(num_towers, bool) or not isinstance(num_towers, int):
+    if isinstance(num_towers, bool) or not isinstance(num_towers, numbers.Integral):
         raise TypeError(
             f"num_towers must be a positive int, got {num_towers!r} "
             f"({type(num_towers).__name__}).")

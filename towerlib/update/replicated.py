@@ -19,6 +19,7 @@ in that type (half the bytes, sums rounded to it), cast back to float32
 before the update, whatever the compute dtype (Horovod's fp16 compression).
 """
 
+import numbers
 import dataclasses
 import logging
 from typing import Optional
@@ -53,10 +54,11 @@ class Replicated(UpdateChoice):
     name = "replicated"
 
     def __post_init__(self):
-        if (isinstance(self.pack_bytes, bool) or not isinstance(self.pack_bytes, int)
-                or self.pack_bytes < 0):
+        if (isinstance(self.pack_bytes, bool)
+                or not isinstance(self.pack_bytes, numbers.Integral) or self.pack_bytes < 0):
             raise ValueError(f"Replicated(pack_bytes={self.pack_bytes!r}) is not a size. "
                              "Fix: a size in bytes >= 0 (0: one all-reduce per gradient).")
+        object.__setattr__(self, "pack_bytes", int(self.pack_bytes))  # numpy ints too
         wire = self.wire_dtype
         if isinstance(wire, tf.DType):
             wire = wire.name
