@@ -91,9 +91,13 @@ class TrainGraph:
         After restoring tower 0's variables from a checkpoint instead, run
         `sync_copies_op` (when not None).
         """
-        session.run(tf.compat.v1.global_variables_initializer())
-        session.run([tf.compat.v1.local_variables_initializer(),
-                     tf.compat.v1.tables_initializer()])
+        # Both ops built before the first run: grouping ops into a new op after a
+        # session ran them mutates them (TensorFlow warns, and will refuse).
+        global_init = tf.compat.v1.global_variables_initializer()
+        local_init = [tf.compat.v1.local_variables_initializer(),
+                      tf.compat.v1.tables_initializer()]
+        session.run(global_init)
+        session.run(local_init)
         if self.broadcast_op is not None:
             session.run(self.broadcast_op)
 
