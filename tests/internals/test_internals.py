@@ -64,6 +64,16 @@ def test_missing_variable_message():
                 raised.value)
 
 
+def test_existing_variable_message():
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("made_once", [1])
+        with pytest.raises(ValueError) as raised:
+            tf.compat.v1.get_variable("made_once", [1])
+    if not error_texts.is_existing_variable(raised.value):
+        _broken("the 'already exists, disallowed' text of get_variable", "error_texts",
+                raised.value)
+
+
 @pytest.mark.parametrize("half", [tf.bfloat16, tf.float16])
 def test_fused_batch_norm_dtype_message(half):
     """towerlib.precision.casting names the swap when TF 1 layers' batch norm meets a

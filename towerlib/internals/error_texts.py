@@ -8,7 +8,8 @@ tests/step/test_tower_batch_errors.py provoke each one and fail by name if a
 release rewords it.
 """
 
-__all__ = ["is_collective_timeout", "is_fused_batch_norm_dtype", "is_missing_variable",
+__all__ = ["is_collective_timeout", "is_existing_variable", "is_fused_batch_norm_dtype",
+           "is_missing_variable",
            "is_port_taken", "is_run_deadline",
            "is_shape_mismatch", "names_assert", "timeout_line"]
 
@@ -19,6 +20,8 @@ _COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is abor
 _RUN_DEADLINE_TEXT = "Timed out waiting for notification"
 # get_variable(reuse=True) of a name no earlier tower created.
 _MISSING_VARIABLE_TEXT = "does not exist"
+# get_variable creating a name the graph already has (without reuse).
+_EXISTING_VARIABLE_TEXT = "already exists, disallowed"
 # FusedBatchNormV3 built with half scale/offset (cast by towerlib's storage
 # getter) next to float32 statistics: bfloat16 and float16 word it differently.
 _FUSED_BATCH_NORM_DTYPE_TEXTS = ("'FusedBatchNorm", "parameter 'scale' has DataType")
@@ -51,6 +54,10 @@ def is_run_deadline(message: str) -> bool:
 
 def is_missing_variable(error: Exception) -> bool:
     return _MISSING_VARIABLE_TEXT in str(error)
+
+
+def is_existing_variable(error: Exception) -> bool:
+    return _EXISTING_VARIABLE_TEXT in str(error)
 
 
 def is_fused_batch_norm_dtype(error: Exception) -> bool:

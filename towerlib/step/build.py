@@ -78,6 +78,11 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
       A TrainGraph. Its `loss` is the data loss; regularization is in
       `regularization_loss` (towerlib.step.objective).
     """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "build_train_graph builds a graph, and TensorFlow 2 runs eagerly here. Fix: "
+            "build inside `with tf.Graph().as_default():` (or call "
+            "tf.compat.v1.disable_eager_execution() first).")
     options = options_lib.resolve_step_options(
         optimizer, tower_fn=tower_fn, num_towers=num_towers, devices=devices,
         device_type=device_type, bn_mode=bn_mode, update=update, precision=precision,
@@ -275,6 +280,7 @@ def _join_workers(applied, setting):
 def _global_step_for(global_step, param_device, host):
     if global_step is not None:
         return global_step
+    _check_existing_global_step()
     if callable(param_device):
         with tf.compat.v1.device(param_device):
             return tf.compat.v1.train.get_or_create_global_step()
@@ -311,8 +317,24 @@ def _check_built_towers(towers, bn_mode, variable_update, reducer, records):
     records.check_batch_norm_in_every_tower()
 
 
+def _check_existing_global_step():
+    """A 'global_step' the user made (the TF 1 tutorial's get_variable) must be an int."""
+    existing = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.GLOBAL_STEP) or [
+        v for v in tf.compat.v1.global_variables() if v.op.name == "global_step"]
+    for step in existing[:1]:
+        if not step.dtype.base_dtype.is_integer:
+            raise TypeError(
+                f"The graph's global_step {step.name} is {step.dtype.base_dtype.name}; "
+                "a step counter must be an integer. Fix: "
+                "tf.compat.v1.train.get_or_create_global_step() (int64), not "
+                "get_variable('global_step', ...).")
+
+
 def _trained_variables(var_list, trainable_before):
     """`var_list`, or the trainable variables the towers created (else all)."""
+    if var_list is not None and not list(var_list):
+        raise ValueError("var_list is empty: nothing would train. Fix: the variables to "
+                         "train, or None for every trainable variable the towers create.")
     if var_list is None:
         trainable = tf.compat.v1.trainable_variables()
         var_list = [v for v in trainable if v not in trainable_before] or trainable

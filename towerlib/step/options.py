@@ -47,7 +47,7 @@ _TF1_EQUIVALENTS = {
 
 
 def check_optimizer(optimizer):
-    """Refuses anything but a tf.compat.v1.train.Optimizer."""
+    """Refuses anything but a tf.compat.v1.train.Optimizer, and a rate that is no number."""
     if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
         equivalent = _TF1_EQUIVALENTS.get(type(optimizer).__name__)
         if equivalent is not None and type(optimizer).__module__.split(".")[0] in (
@@ -61,6 +61,11 @@ def check_optimizer(optimizer):
             f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
             "Keras optimizers do not run in graph-mode towers. Fix: "
             "tf.compat.v1.train.MomentumOptimizer(0.1, 0.9) or another TF 1 optimizer.")
+    rate = getattr(optimizer, "_learning_rate", None)
+    if isinstance(rate, (str, bytes)):
+        raise TypeError(
+            f"{type(optimizer).__name__}'s learning rate is the string {rate!r}. Fix: a "
+            "number or a float tensor, e.g. 0.1 (a flag read as text: float(value)).")
 
 
 def check_ema_decay(ema_decay):

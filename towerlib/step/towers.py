@@ -323,6 +323,14 @@ def _call_tower(plan, ctx, tower_inputs, batch_facts):
                 "tower 0 and reused by later towers: do not create "
                 "variables conditionally on ctx.index, and give layers "
                 f"fixed names.\nTensorFlow: {error}") from error
+        if ctx.index == 0 and error_texts.is_existing_variable(error):
+            existing = re.search(r"Variable (\S+) already exists", str(error))
+            raise ValueError(
+                f"Variable {existing.group(1) if existing else ''} already exists in "
+                "this graph: a second build in the same graph, or two layers with one "
+                "name. Fix: build each training graph in its own tf.Graph(); build "
+                "evaluation next to training with build_eval_graph(..., "
+                "reuse_variables=True); or give the layer another name.") from error
         if plan.reuse_variables and error_texts.is_missing_variable(error):
             raise ValueError(
                 "reuse_variables=True, but the tower function asked for a "

@@ -12,6 +12,7 @@ function (e.g. a cluster's ps placer).
 """
 
 import dataclasses
+import inspect
 from typing import Any, Callable, Union
 
 from towerlib.update import aggregation
@@ -36,6 +37,7 @@ class ParameterServer(UpdateChoice):
 
     def __post_init__(self):
         if callable(self.device):
+            _check_device_function(self.device)
             return
         if not isinstance(self.device, str) or self.device.lower() not in PARAM_DEVICES:
             raise ValueError(
@@ -51,6 +53,19 @@ class ParameterServer(UpdateChoice):
     def build(self, num_towers, reducer):
         del num_towers, reducer  # the gradients meet on the variables' devices
         return ParameterServerUpdate(self.device)
+
+
+def _check_device_function(device):
+    """A device function takes one argument, the op (tf.compat.v1.device's contract)."""
+    try:
+        inspect.signature(device).bind(None)
+    except TypeError:
+        raise TypeError(
+            f"ParameterServer(device={device!r}) does not take one argument: a device "
+            "function is called with each op and returns its device. Fix: e.g. "
+            "device=lambda op: '/cpu:0', or device='cpu'.") from None
+    except ValueError:
+        pass  # no signature to read (a builtin): TensorFlow will call it
 
 
 class ParameterServerUpdate(VariableUpdate):
