@@ -13,6 +13,7 @@ from typing import Optional
 import tensorflow as tf
 
 import towerlib
+from towerlib.run import sessions
 
 
 class RunError(RuntimeError):
@@ -58,7 +59,8 @@ def _last_checkpoint_text(train_dir: str) -> str:
 @contextlib.contextmanager
 def one_line_errors(train_dir: str):
     """Restates a full disk and a non-finite loss as a RunError naming the checkpoint
-    to resume from."""
+    to resume from; a folder another trainer holds, a checkpoint that does not fit and
+    a session recreated too often as one line."""
     try:
         yield
     except towerlib.NonFiniteError as e:
@@ -74,6 +76,10 @@ def one_line_errors(train_dir: str):
             "or with --overwrite_train_dir."
             % (e.step, "; ".join(e.problems), where)
         ) from None
+    except (towerlib.CheckpointError, sessions.SessionRecreationError) as e:
+        # Another trainer holds the folder; a checkpoint that does not fit; a session
+        # that failed again and again: towerlib's first line names the fix.
+        raise RunError(_one_line(e)) from None
     except (OSError, tf.errors.ResourceExhaustedError) as e:
         if not _is_disk_full(e):
             raise

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import towerlib
 from examples.cifar10 import data_source, options, run_errors
+from towerlib.run import folder_lock
 
 logger = logging.getLogger("cifar10")
 
@@ -117,10 +118,23 @@ def resolve_flags(given: dict, defaults: Optional[dict] = None):
     return options.namespace(values)
 
 
+def refuse_if_in_use(train_dir: str) -> None:
+    """Raises RunError (one line, naming the other trainer's pid) when another process
+    trains into train_dir (towerlib's lock on the folder); nothing is held after."""
+    if not os.path.isdir(train_dir):
+        return
+    try:
+        folder_lock.hold(train_dir).release()
+    except folder_lock.TrainDirInUseError as error:
+        raise run_errors.RunError(str(error)) from None
+
+
 def record(flags, data_dir: str, max_steps: int) -> str:
     """Writes train_dir/train_config.json atomically (fsynced, renamed into place) for
     eval, export and restarts: the flags, the data folder ('' for the generated set in
-    train_dir) and the last step actually used."""
+    train_dir) and the last step actually used. Refused while another trainer holds
+    train_dir."""
+    refuse_if_in_use(flags.train_dir)
     values = {name: getattr(flags, name) for name in RECORDED}
     values.update(data_dir="" if data_source.is_generated_dir(data_dir, flags.train_dir)
                   else data_dir, max_steps=max_steps)

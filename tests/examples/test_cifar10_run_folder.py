@@ -211,3 +211,19 @@ def test_train_script_errors_are_one_line_and_write_nothing(
     assert "Traceback" not in completed.stderr
     if case == "fresh":
         assert not os.path.exists(train_dir)
+
+
+def test_a_folder_another_trainer_holds_is_refused_in_one_line(tmp_path):
+    from towerlib.run import folder_lock
+
+    held = folder_lock.hold(tmp_path)
+    try:
+        flags = options.namespace(dict(options.train_defaults(), train_dir=str(tmp_path)))
+        with pytest.raises(run_errors.RunError, match=r"is in use: process pid \d+ on \S+ "
+                           r"is training into it.*Fix: wait for it"):
+            run_folder.record(flags, "", 8)
+        assert not os.path.exists(os.path.join(tmp_path, run_folder.CONFIG_FILE))
+        with pytest.raises(run_errors.RunError), run_errors.one_line_errors(str(tmp_path)):
+            folder_lock.hold(tmp_path)
+    finally:
+        held.release()

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from towerlib.run import checkpoint_fit
 from towerlib.run import checkpoints
+from towerlib.run import folder_lock
 from towerlib.run import guards
 from towerlib.run import hooks as hooks_lib
 from towerlib.run import sessions
@@ -176,9 +177,25 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     train_dir = str(train_dir)
     graph = train_graph.train_op.graph
     scaffold = scaffold or tf.compat.v1.train.Scaffold()
-
-    if is_chief:
+    options = dict(locals())
+    held = None
+    if is_chief:  # the one writer of train_dir: one trainer at a time
         tf.io.gfile.makedirs(train_dir)
+        held = folder_lock.hold(train_dir)
+    try:
+        return _run(**options)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _run(train_graph, graph, train_dir, max_steps, hooks, session_config, master,
+         is_chief, log_every_n_steps, save_checkpoint_steps, save_checkpoint_secs,
+         save_summaries_steps, examples_per_step, scaffold, max_checkpoints_to_keep,
+         stop_on_signals, collective_timeout_secs, session_creator_wrapper,
+         trace_steps, restore_from):
+    """run_training once its options are checked and train_dir is held."""
+    if is_chief:
         if restore_from == "newest":
             restore_from = checkpoints.prepare_restore(train_dir)
         elif restore_from is not None:
