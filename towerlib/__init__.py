@@ -39,7 +39,7 @@ from towerlib.step.evaluation import EvalGraph, build_eval_graph
 from towerlib.step.inputs import split_global_batch
 from towerlib.step.summaries import strip_tower_prefix, tower_scalar
 from towerlib.step.towers import Tower, TowerModel, build_towers
-from towerlib.step.keras_tower import KerasTower
+from towerlib.step.keras_tower import KerasTower, KerasTowerError
 from towerlib.step.build import build_train_graph
 from towerlib.step.train_graph import TrainGraph, ema_restore_map
 from towerlib.update.aggregation import aggregate_gradients
@@ -85,7 +85,7 @@ __all__ = [
     "schedules",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
-    "KerasBatchNormError",
+    "KerasBatchNormError", "KerasTowerError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
     "check_record_files", "find_restorable_checkpoint", "guard_numerics",
     # The input pipeline's position in checkpoints.

@@ -64,6 +64,15 @@ def test_missing_variable_message():
                 raised.value)
 
 
+def test_foreign_graph_element_message():
+    with tf.Graph().as_default():
+        outer = tf.constant(1.0)
+        with tf.Graph().as_default() as other, pytest.raises(ValueError) as raised:
+            other.as_graph_element(outer)
+    if not error_texts.is_foreign_graph_element(raised.value):
+        _broken("the 'is not an element of this graph' text", "error_texts", raised.value)
+
+
 def test_existing_variable_message():
     with tf.Graph().as_default():
         tf.compat.v1.get_variable("made_once", [1])

@@ -18,6 +18,12 @@ def loss(labels, logits):
     return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
 
 
+def logit_columns(labels, logits):
+    """Per example: 1/0 correct, and each class's logit (the evaluation averages them)."""
+    correct = tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.int32)
+    return {"correct": correct, **{f"logit_{c}": logits[:, c] for c in range(10)}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("bn_mode", ["first_tower", "all_towers", "sync"])
 def test_mobilenet_v2_trains_evaluates_and_exports(bn_mode, tmp_path):
@@ -25,7 +31,7 @@ def test_mobilenet_v2_trains_evaluates_and_exports(bn_mode, tmp_path):
     images = rng.rand(12, 32, 32, 3).astype(np.float32)
     labels = rng.randint(0, 10, 12).astype(np.int32)
     with tf.Graph().as_default():
-        tower = towerlib.KerasTower(mobilenet, loss)
+        tower = towerlib.KerasTower(mobilenet, loss, metrics=logit_columns)
         batch = (tf.constant(images), tf.constant(labels))
         train = towerlib.build_train_graph(
             tower, batch, tf.compat.v1.train.MomentumOptimizer(0.01, 0.9), num_towers=2,
@@ -43,7 +49,7 @@ def test_mobilenet_v2_trains_evaluates_and_exports(bn_mode, tmp_path):
                 session.run(train.train_op)
             after = session.run(moving)
             session.run(evaluation.update_op)
-            precision = session.run(evaluation.values["correct"])
+            evaluated = session.run(evaluation.values)
             checkpoint = saver.save(session, str(tmp_path / "model.ckpt"))
     assert len(moving) == 52  # MobileNetV2's batch-norm layers
     assert all(np.abs(a - b).max() > 0 for a, b in zip(after, before))
@@ -54,6 +60,8 @@ def test_mobilenet_v2_trains_evaluates_and_exports(bn_mode, tmp_path):
         x = tf.compat.v1.placeholder(tf.float32, [None, 32, 32, 3])
         logits = model(x, training=False)
         tf.compat.v1.train.Saver(model.weights).restore(session, checkpoint)
+        exported_moving = session.run([w for w in model.weights
+                                       if w.op.name.endswith("moving_mean")])
         tf.compat.v1.saved_model.simple_save(session, export_dir, {"images": x},
                                              {"logits": logits})
     with tf.Graph().as_default(), tf.compat.v1.Session() as session:
@@ -61,4 +69,9 @@ def test_mobilenet_v2_trains_evaluates_and_exports(bn_mode, tmp_path):
         signature = meta.signature_def["serving_default"]
         exported = session.run(signature.outputs["logits"].name,
                                {signature.inputs["images"].name: images})
-    assert precision == pytest.approx(np.mean(exported.argmax(1) == labels))
+    assert evaluated["correct"] == pytest.approx(np.mean(exported.argmax(1) == labels))
+    # Every class's mean logit: frozen or initial moving statistics would move these.
+    np.testing.assert_allclose([evaluated[f"logit_{c}"] for c in range(10)],
+                               exported.mean(axis=0), rtol=1e-4, atol=1e-5)
+    assert sorted(np.concatenate(after).tolist()) == sorted(
+        np.concatenate(exported_moving).tolist())

@@ -203,6 +203,8 @@ def _evidence(op, prefix, functions) -> List[Tuple[str, str]]:
         return [(_layer_of(op.name, prefix), f"{op.type} in training mode")]
     if op.type in _WRITES and len(op.inputs) >= 2:
         variable = _variable_behind(op.inputs[0])
+        if variable is not None and op.name == variable.name + "/Assign":
+            return []  # the variable's own initializer (a variable made in the tower)
         if variable is not None and _is_moving_statistic(variable):
             return [(_layer_of(variable.name),
                      f"updates {_shared_name(variable)} in the tower")]

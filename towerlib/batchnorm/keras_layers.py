@@ -87,6 +87,12 @@ def keras_batch_norm(layer, inputs, training, ctx):
 
     if static is not None:
         return normalize(static, layer.momentum)
+    if getattr(tf.compat.v1.get_default_graph(), "outer_graph", None) is not None:
+        raise KerasBatchNormError(
+            f"tf_keras BatchNormalization '{layer.name}' got training as a tensor inside "
+            "the accumulation loop (accumulation_steps > 1), where its moving-average "
+            "switch cannot reach the step's update. Fix: pass training=True (or False), "
+            "or accumulation_steps=1.")
     with tf.name_scope("training_switch"):
         switch = tf.convert_to_tensor(training)
         # momentum 1 leaves the moving statistics as they are in an inference run.

@@ -8,7 +8,8 @@ tests/step/test_tower_batch_errors.py provoke each one and fail by name if a
 release rewords it.
 """
 
-__all__ = ["is_collective_timeout", "is_existing_variable", "is_fused_batch_norm_dtype",
+__all__ = ["is_collective_timeout", "is_existing_variable", "is_foreign_graph_element",
+           "is_fused_batch_norm_dtype",
            "is_missing_variable",
            "is_port_taken", "is_run_deadline",
            "is_shape_mismatch", "names_assert", "timeout_line"]
@@ -20,6 +21,8 @@ _COLLECTIVE_TIMEOUT_TEXTS = ("Collective has timed out", "Collective ops is abor
 _RUN_DEADLINE_TEXT = "Timed out waiting for notification"
 # get_variable(reuse=True) of a name no earlier tower created.
 _MISSING_VARIABLE_TEXT = "does not exist"
+# A tensor of the outer graph used inside a function body without a capture.
+_FOREIGN_ELEMENT_TEXT = "is not an element of this graph"
 # get_variable creating a name the graph already has (without reuse).
 _EXISTING_VARIABLE_TEXT = "already exists, disallowed"
 # FusedBatchNormV3 built with half scale/offset (cast by towerlib's storage
@@ -58,6 +61,10 @@ def is_missing_variable(error: Exception) -> bool:
 
 def is_existing_variable(error: Exception) -> bool:
     return _EXISTING_VARIABLE_TEXT in str(error)
+
+
+def is_foreign_graph_element(error: Exception) -> bool:
+    return _FOREIGN_ELEMENT_TEXT in str(error)
 
 
 def is_fused_batch_norm_dtype(error: Exception) -> bool:

@@ -1,12 +1,14 @@
 """Everything towerlib takes from tf_keras (Keras 2), in one place, never imported eagerly.
 
 towerlib runs without Keras. When a user's tower calls a `tf_keras` model,
-towerlib needs three things from it, each used only here:
+towerlib needs these things from it, each used only here:
 
 - `BatchNormalizationBase.call(self, inputs, training=None, mask=None)`:
   while a tower builds, calls of it are routed to towerlib's batch norm
   (`routed_batch_norm_calls`). Both `tf_keras.layers.BatchNormalization`
   and its SyncBatchNormalization inherit `call` from that base.
+- `tf_keras.backend.is_keras_tensor`: a functional model's construction call,
+  which is left to tf_keras.
 - `tf_keras.src.legacy_tf_layers`: where tf.compat.v1.layers' classes live;
   their batch norm is not routed (TF 1 code keeps TF 1's behaviour).
 - `tf_keras.models.clone_model`: a tower's own copy of a functional or
@@ -68,11 +70,6 @@ def keras3_kind(value):
     return "object"
 
 
-def is_keras2_optimizer(value):
-    keras = loaded()
-    return keras is not None and isinstance(value, keras.optimizers.Optimizer)
-
-
 def clone_model(model):
     """A new model of `model`'s structure and layer names, with new weights."""
     return loaded().models.clone_model(model)
@@ -90,6 +87,15 @@ def restore_name_counters(counters):
     current = backend.get_default_graph_uid_map()
     current.clear()
     current.update(counters)
+
+
+def is_symbolic(inputs):
+    """Whether `inputs` is a Keras symbolic tensor: a functional model being constructed
+    on its Input (no step runs it), which tf_keras' own call builds."""
+    try:
+        return bool(loaded().backend.is_keras_tensor(inputs))
+    except (AttributeError, ValueError, TypeError):
+        return False
 
 
 def is_tf1_layer(layer):
@@ -112,8 +118,9 @@ def is_learning_phase(value):
 def routed_batch_norm_calls(dispatch):
     """While open, this thread's tf_keras batch-norm calls go to `dispatch`.
 
-    `dispatch(layer, inputs, training)` returns the layer's output (None:
-    tf_keras' own, e.g. while a model is constructed inside a tower). Other
+    `dispatch(layer, inputs, training)` returns the layer's output; a None
+    dispatch keeps tf_keras' own call (a model constructed inside a tower), as
+    do Keras symbolic inputs and tf.compat.v1.layers' batch norm. Other
     threads keep tf_keras' own `call`, and so does this one after exit. The
     class attribute is swapped while any thread has a route open (counted),
     and restored when the last closes. A no-op without tf_keras loaded.
@@ -143,6 +150,8 @@ def _install(base):
             def call(self, inputs, training=None, mask=None):
                 stack = getattr(_routes, "stack", None)
                 if stack and stack[-1] is not None and not is_tf1_layer(self):
+                    if is_symbolic(inputs):  # construction: shapes only, no update
+                        return original(self, inputs, training=False, mask=mask)
                     return stack[-1](self, inputs, training)
                 return original(self, inputs, training=training, mask=mask)
 

@@ -35,12 +35,14 @@ Batch norm follows bn_mode: towerlib.batchnorm.keras_layers. Other layers'
 """
 
 import contextlib
+import re
 import weakref
 
 import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
-from towerlib.internals import tf_keras
+from towerlib.internals import error_texts, tf_keras
+from towerlib.step import loss_terms
 from towerlib.step.towers import TowerModel
 
 __all__ = ["KerasTower"]
@@ -105,15 +107,32 @@ class KerasTower(TowerModel):
         The tower's model (tower 0's, or its replicated copy), `training` from
         ctx.is_training, the model's losses and updates registered as `build` does.
         """
+        _check_float32(features)
+        graph = tf.compat.v1.get_default_graph()
+        try:
+            return self._outputs(features, ctx, graph)
+        except ValueError as error:
+            in_loop = getattr(graph, "outer_graph", None) is not None
+            if not (in_loop and error_texts.is_foreign_graph_element(error)):
+                raise
+            raise KerasTowerError(
+                "KerasTower: the model holds a tensor of its construction (a symbolic "
+                "add_loss or add_metric of a functional model), which the accumulation "
+                "loop's body cannot use. Fix: accumulation_steps=1, or put that term in "
+                "the loss function.") from error
+
+    def _outputs(self, features, ctx, graph):
         getter = tf.compat.v1.get_variable_scope().custom_getter
         model, originals = self._tower_model(ctx, getter)
         if model is None:  # replicated: tower ctx.index's own copy, made here
             model = self._construct(self._copy, getter, originals)
-            self._models[_root_graph(tf.compat.v1.get_default_graph())][ctx.index] = model
+            self._models[_root_graph(graph)][ctx.index] = model
+        _check_float32_policy(model)
+        ops_before = len(graph.get_operations())
         with _variables_through(getter, originals, ctx.name_scope), \
                 keras_layers.keras_batch_norm_in(ctx):
             outputs = model(features, training=ctx.is_training)
-        _register_losses(model, ctx)
+        _register_losses(model, ctx, graph.get_operations()[ops_before:])
         _register_updates(model, ctx)
         return outputs
 
@@ -176,6 +195,34 @@ class KerasTower(TowerModel):
             return model
         main = self._models[_root_graph(tf.compat.v1.get_default_graph())][0]
         return tf_keras.clone_model(main)
+
+
+# A name inside a tower's name scope ('tower_1/...', 'outer/tower_1/...').
+_IN_A_TOWER = re.compile(r"(^|/)tower_\d+/")
+
+
+class KerasTowerError(TypeError):
+    """A Keras model in a setting KerasTower cannot train it in."""
+
+
+def _check_float32(features):
+    """towerlib's half precisions cast tf.compat.v1 variables and inputs, not Keras layers."""
+    dtype = getattr(features, "dtype", None)
+    if dtype in (tf.float16, tf.bfloat16):
+        raise KerasTowerError(
+            f"KerasTower got {dtype.name} features: towerlib's precision=Float16()/"
+            "BFloat16() casts get_variable weights and the inputs, which a Keras model does "
+            "not use. Fix: precision=towerlib.Float32() with a Keras model.")
+
+
+def _check_float32_policy(model):
+    policies = {layer.compute_dtype for layer in [model] + list(model.submodules)
+                if hasattr(layer, "compute_dtype") and hasattr(layer, "dtype_policy")}
+    if policies - {"float32"}:
+        raise KerasTowerError(
+            f"KerasTower: the model {model.name!r} computes in {sorted(policies)} (a Keras "
+            "mixed-precision policy); towerlib trains Keras models in float32 for now. "
+            "Fix: tf_keras.mixed_precision.set_global_policy('float32') before building it.")
 
 
 def _check_model(model):
@@ -259,7 +306,19 @@ def _register_existing(model, getter):
     if getter is None:
         return
     for weight in model.weights:
-        getter(lambda *a, _weight=weight, **k: _weight, weight.op.name)
+        _a_variable(getter(lambda *a, _weight=weight, **k: _weight, weight.op.name),
+                    weight.op.name)
+
+
+def _a_variable(value, name):
+    """The scope's getter must hand Keras a variable (towerlib's casting getter does not)."""
+    if not isinstance(value, tf.Variable):
+        raise KerasTowerError(
+            f"KerasTower: the tower's variable scope gives {name!r} as a "
+            f"{type(value).__name__}, not a variable (a custom getter that casts, such as "
+            "towerlib's Float16()/BFloat16() storage); Keras layers need variables. Fix: "
+            "precision=towerlib.Float32() with a Keras model.")
+    return value
 
 
 class _Guard:
@@ -307,26 +366,43 @@ def _variables_through(getter, originals, tower_scope):
             options.pop("trainable")
         if getter is None:
             return create(name, **options)
-        return getter(create, name, **options)
+        return _a_variable(getter(create, name, **options), name)
 
     with tf.variable_creator_scope(creator):
         yield
 
 
-def _register_losses(model, ctx):
-    """The model's losses into REGULARIZATION_LOSSES: weights' once, a tower's own in it."""
+def _register_losses(model, ctx, call_ops):
+    """The model's losses into REGULARIZATION_LOSSES, each counted once per step.
+
+    A term this call made (an activity regularizer, an add_loss of the
+    outputs: its op is among `call_ops`) is the tower's own, weighted by its
+    share. A term evaluated now from the weights alone (kernel_regularizer)
+    counts once, from tower 0 of micro-batch 0, unless a term of the same
+    variables is already counted (the model called twice, a shared layer).
+    Anything else in model.losses (terms of a functional model's
+    construction on its Input) belongs to no step and is left out.
+    """
     if not ctx.is_training:
         return
     graph = tf.compat.v1.get_default_graph()
+    made_by_call = {op.name for op in call_ops}
+    ops_before = len(graph.get_operations())
     with graph.name_scope("keras_losses/"):
         losses = list(model.losses)
+    evaluated_now = {op.name for op in graph.get_operations()[ops_before:]}
     key = tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES
-    present = {id(t) for t in tf.compat.v1.get_collection(key)}
+    counted = {loss_terms.variables_read(t) for t in tf.compat.v1.get_collection(key)
+               if not _IN_A_TOWER.search(t.name)}  # the weights' terms already counted
     for term in losses:
-        own = term.name.startswith(ctx.name_scope)
-        if id(term) in present or not (own or (ctx.index == 0 and ctx.micro_batch == 0)):
-            continue
-        tf.compat.v1.add_to_collection(key, tf.cast(term, tf.float32) if own else term)
+        if term.op.name in made_by_call:
+            tf.compat.v1.add_to_collection(key, tf.cast(term, tf.float32))
+        elif term.op.name in evaluated_now and ctx.index == 0 and ctx.micro_batch == 0:
+            signature = loss_terms.variables_read(term)
+            if signature not in counted:
+                counted.add(signature)
+                with graph.name_scope("keras_losses/"):  # outside the towers: once
+                    tf.compat.v1.add_to_collection(key, tf.cast(term, tf.float32))
 
 
 def _register_updates(model, ctx):

@@ -70,7 +70,7 @@ def reads_examples(tensor: tf.Tensor, data_tensor_names: frozenset) -> bool:
     return False
 
 
-def _variables_read(tensor: tf.Tensor) -> Tuple[str, ...]:
+def variables_read(tensor: tf.Tensor) -> Tuple[str, ...]:
     """Sorted names of the variables `tensor` is computed from (its signature)."""
     names = set()
     for op in graph_walk.upstream_ops([tensor.op], lambda op: True):
@@ -103,7 +103,7 @@ def _classify(loss, data_names, counted_names, counted_signatures,
         weight_only = not reads_examples(term, data_names)
         if weight_only and term.name in loss_collection_names:
             terms.weight.append(term)
-        elif weight_only and _variables_read(term) in counted_signatures:
+        elif weight_only and variables_read(term) in counted_signatures:
             # A new evaluation of a counted term: a resource variable's
             # regularizer sits in the collection as a lazy tensor, and
             # get_regularization_losses() builds a copy of it at each use.
@@ -114,8 +114,8 @@ def _classify(loss, data_names, counted_names, counted_signatures,
 
 
 def _check_copies_of_tower_0(index, weight_terms, first_tower_terms):
-    signatures = sorted(_variables_read(t) for t in weight_terms)
-    if signatures != sorted(_variables_read(t) for t in first_tower_terms):
+    signatures = sorted(variables_read(t) for t in weight_terms)
+    if signatures != sorted(variables_read(t) for t in first_tower_terms):
         raise ValueError(
             f"Tower {index}'s loss adds weight regularization from the 'losses' "
             f"collection ({', '.join(t.name for t in weight_terms)}) that differs "
@@ -151,7 +151,7 @@ def separate_regularization(towers: Sequence, counted_terms: Iterable[tf.Tensor]
     data_names = frozenset(t.name for tower in towers for t in tf.nest.flatten(tower.inputs)
                            if isinstance(t, tf.Tensor))
     counted_signatures = frozenset(
-        signature for signature in (_variables_read(t) for t in counted_terms
+        signature for signature in (variables_read(t) for t in counted_terms
                                     if not reads_examples(t, data_names))
         if signature)
     separated, first_tower_weight_terms = [], []

@@ -54,8 +54,9 @@ def check_optimizer(optimizer):
                 "keras", "tf_keras", "tensorflow"):
             raise TypeError(
                 f"optimizer is a Keras {type(optimizer).__name__}, which does not run in "
-                f"graph-mode towers. Fix: tf.compat.v1.train.{equivalent} (the same "
-                "update, applied once per global batch by towerlib).")
+                f"graph-mode towers. Fix: tf.compat.v1.train.{equivalent}, the closest TF 1 "
+                "update (RMSProp's TF 1 mean square starts at 1, Keras' at 0), applied once "
+                "per global batch by towerlib.")
         raise TypeError(
             f"optimizer must be a tf.compat.v1.train.Optimizer (e.g. "
             f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
