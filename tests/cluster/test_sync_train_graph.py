@@ -59,3 +59,25 @@ def test_sync_replicas_refuse_options_for_one_machine(option, match):
             cluster_lib.build_sync_train_graph(
                 _tower, _batch(), tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
                 num_towers=2, device_type="cpu", **option)
+
+
+@pytest.mark.parametrize("update", ["parameter_server", "replicated"])
+def test_either_updates_result_has_train_graphs_fields(update):
+    """A hook written for one machine's TrainGraph reads .loss, .tower_shares... here too."""
+    ps_hosts = "localhost:1" if update == "parameter_server" else ""
+    cluster = cluster_lib.cluster_from_flags(
+        ps_hosts=ps_hosts, worker_hosts="localhost:2,localhost:3", job_name="worker",
+        task_index=0)
+    with tf.Graph().as_default():
+        options = {}
+        if update == "parameter_server":
+            options["device_function"] = cluster_lib.ParameterServerPlacer(cluster)
+        with tf.compat.v1.device(options.get("device_function")):
+            batch = _batch()
+        graph = cluster_lib.build_sync_train_graph(
+            _tower, batch, tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
+            num_towers=2, device_type="cpu", update=update, **options)
+        for field in ("loss", "tower_shares", "train_op", "global_step", "devices"):
+            assert getattr(graph, field) is getattr(graph.train_graph, field)
+        with pytest.raises(AttributeError):
+            graph.no_such_field  # noqa: B018

@@ -74,7 +74,8 @@ class AllReduceTrainGraph:
     """A worker's all-reduce training graph and what running it needs.
 
     Attributes:
-      train_graph: the TrainGraph; its exchange spans every worker's towers.
+      train_graph: the TrainGraph; its exchange spans every worker's towers. Its
+        fields (loss, tower_shares, ...) read through this object too.
       cluster: the ClusterInfo it was built for.
       session_config: the ConfigProto of this worker's server and sessions.
       hooks: extra session hooks (none).
@@ -84,6 +85,13 @@ class AllReduceTrainGraph:
     cluster: ClusterInfo
     session_config: Any
     hooks: Tuple[Any, ...] = ()
+
+    def __getattr__(self, name):
+        # TrainGraph's fields (loss, tower_shares, train_op...) read through, so a hook
+        # written for one machine's TrainGraph works with either update.
+        if name.startswith("__") or name == "train_graph":
+            raise AttributeError(name)
+        return getattr(self.train_graph, name)
 
 
 def build_allreduce_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=None,

@@ -147,7 +147,8 @@ class SyncTrainGraph:
 
     Attributes:
       train_graph: the towerlib TrainGraph; its train_op is one synchronous
-        step (the chief's also aggregates and applies the global update).
+        step (the chief's also aggregates and applies the global update). Its
+        fields (loss, tower_shares, ...) read through this object too.
       optimizer: the SyncReplicasTowerOptimizer.
       hooks: session hooks to run with it (the synchronization init hook).
       cluster: the ClusterInfo it was built for.
@@ -161,6 +162,13 @@ class SyncTrainGraph:
     cluster: ClusterInfo
     session_config: Any
     device_function: placement.ParameterServerPlacer
+
+    def __getattr__(self, name):
+        # TrainGraph's fields (loss, tower_shares, train_op...) read through, so a hook
+        # written for one machine's TrainGraph works with either update.
+        if name.startswith("__") or name == "train_graph":
+            raise AttributeError(name)
+        return getattr(self.train_graph, name)
 
 
 def check_bn_mode_for_cluster(bn_mode, cluster):
