@@ -258,8 +258,12 @@ def check_own_flags(flags_, make_model):
         raise flag_error(*problem)
     if not 0 < flags_.bn_momentum < 1:
         raise flag_error("bn_momentum", flags_.bn_momentum, "use a value in (0, 1), e.g. 0.9.")
-    if flags_.weight_decay is not None and not flags_.weight_decay >= 0:
-        raise flag_error("weight_decay", flags_.weight_decay, "use a value >= 0.")
+    if flags_.weight_decay is not None and not 0 <= flags_.weight_decay < math.inf:
+        raise flag_error("weight_decay", flags_.weight_decay, "use a finite value >= 0, "
+                         "e.g. 1e-4 (0 for none).")
+    if flags_.optimizer == "momentum" and not 0 <= flags_.momentum < 1:  # NaN too
+        raise flag_error("momentum", flags_.momentum, "use a value in [0, 1), e.g. 0.9 "
+                         "(1 or more makes the weights diverge).")
     if not math.isfinite(flags_.train_epochs) or flags_.train_epochs < 0:
         raise flag_error("train_epochs", flags_.train_epochs, "use a number of epochs >= 0.")
     if flags_.download and not flags_.data_dir:

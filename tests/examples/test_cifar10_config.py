@@ -77,6 +77,27 @@ def test_bad_settings_name_their_flag(tmp_path, overrides, flag):
         check(_config(tmp_path, **overrides))
 
 
+@pytest.mark.parametrize("overrides, flag", [
+    (dict(momentum=5.0), "--momentum=5:"),
+    (dict(momentum=1.0), "--momentum=1:"),
+    (dict(momentum=-0.5), "--momentum=-0.5"),
+    (dict(momentum=float("nan")), "--momentum=nan"),
+    (dict(weight_decay=-1e-4), "--weight_decay=-0.0001"),
+    (dict(weight_decay=float("inf")), "--weight_decay=inf"),
+])
+def test_hyperparameters_that_cannot_be_right_are_refused_in_one_line(
+        tmp_path, overrides, flag):
+    # Issue 34, item 7: --momentum=5 and --weight_decay=inf trained to non-finite weights.
+    with pytest.raises(options.FlagError) as raised:
+        check(_config(tmp_path, **overrides))
+    assert str(raised.value).startswith(flag) and "\n" not in str(raised.value)
+    assert "use a value in [0, 1)" in str(raised.value) or "finite" in str(raised.value)
+
+
+def test_momentum_zero_and_no_weight_decay_are_accepted(tmp_path):
+    check(_config(tmp_path, momentum=0.0, weight_decay=0.0))
+
+
 def test_missing_data_dir_is_reported_before_building(tmp_path):
     missing = str(tmp_path / "no_such_dir")
     with pytest.raises(data.DataError, match="does not exist.*--download"):

@@ -183,6 +183,8 @@ def test_the_default_train_dir_is_per_user_and_per_clone(monkeypatch):
         ("unwritable", [], "--train_dir=/proc/1/towerlib_run: /proc/1/towerlib_run cannot"),
         ("fresh", ["--learning_rate=inf"], "learning_rate must be a positive finite number"),
         ("fresh", ["--learning_rate=1e9"], "learning rate must be at most 10"),
+        ("fresh", ["--momentum=5"], "--momentum=5: use a value in [0, 1)"),
+        ("fresh", ["--weight_decay=inf"], "--weight_decay=inf: use a finite value >= 0"),
     ],
 )
 def test_train_script_errors_are_one_line_and_write_nothing(

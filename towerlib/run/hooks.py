@@ -22,7 +22,7 @@ import tensorflow as tf
 from towerlib.run import checkpoints
 from towerlib.precision import loss_scaling
 from towerlib.exchange import safety
-from towerlib.run.guards import NonFiniteError
+from towerlib.precision.guards import NonFiniteError
 
 logger = logging.getLogger("towerlib")
 
@@ -253,6 +253,12 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
     a step that raised (e.g. a non-finite loss) is never saved. Put this hook
     after every hook that can raise, so that a check failing in `after_run`
     stops the save of that same step.
+
+    Before each save, one run checks that every floating-point global variable
+    is finite (one reduction per variable, on its device); a NaN or Inf raises
+    NonFiniteError naming the variables and nothing is saved: a step whose
+    loss was finite can still leave Inf weights (an Inf gradient, a momentum
+    that diverges), and no checkpoint may hold them.
     """
 
     def __init__(self, train_dir, scaffold, *, save_steps=None, save_secs=None,
@@ -266,6 +272,7 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
         self._writer_options = dict(max_to_keep=max_to_keep, basename=basename,
                                     write_meta_graph=write_meta_graph)
         self._global_step = None
+        self._finite = None  # {variable name: bool scalar}
         self.writer = None
 
     @property
@@ -278,6 +285,21 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
         if self._global_step is None:
             raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
                                "with tf.compat.v1.train.get_or_create_global_step().")
+        self._finite = _finite_flags(tf.compat.v1.global_variables())
+
+    def _save(self, session, step):
+        """Saves `step` unless a variable is NaN or Inf (then NonFiniteError)."""
+        if self._finite:
+            flags = session.run(self._finite)
+            bad = [name for name, ok in flags.items() if not ok]
+            if bad:
+                more = (f" (and {len(bad) - 1} more: {', '.join(bad[1:5])}"
+                        f"{', ...' if len(bad) > 5 else ''})" if len(bad) > 1 else "")
+                raise NonFiniteError(
+                    step, [f"the variable {bad[0]} holds NaN or Inf{more}: the "
+                           f"checkpoint of step {step} was not saved"],
+                    applied=True, last_checkpoint=self.writer.latest)
+        self.writer.save(session, step)
 
     def after_create_session(self, session, coord):
         saver = self._scaffold.saver if self._scaffold is not None else None
@@ -290,7 +312,7 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
             saver = savers[0]
         self.writer = checkpoints.CheckpointWriter(saver, self._train_dir, **self._writer_options)
         step = int(session.run(self._global_step))
-        self.writer.save(session, step)
+        self._save(session, step)
         self._timer.update_last_triggered_step(step)
 
     def before_run(self, run_context):
@@ -302,12 +324,23 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
             step = int(run_context.session.run(self._global_step))
             if self._timer.should_trigger_for_step(step):
                 self._timer.update_last_triggered_step(step)
-                self.writer.save(run_context.session, step)
+                self._save(run_context.session, step)
 
     def end(self, session):
         step = int(session.run(self._global_step))
         if step != self._timer.last_triggered_step():
-            self.writer.save(session, step)
+            self._save(session, step)
+
+
+def _finite_flags(variables):
+    """{name: bool scalar, every element finite} of the floating-point variables."""
+    flags = {}
+    for variable in variables:
+        if not variable.dtype.base_dtype.is_floating:
+            continue
+        with tf.device(variable.device), tf.name_scope("finite_before_save"):
+            flags[variable.op.name] = tf.reduce_all(tf.math.is_finite(variable))
+    return flags
 
 
 class LossScaleFloorHook(tf.compat.v1.train.SessionRunHook):

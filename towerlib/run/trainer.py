@@ -9,7 +9,8 @@ place of TensorFlow's where a fault would cost work:
   saved global step even after a SIGKILL in the middle of a save;
 - SIGINT/SIGTERM finish the step, save and return (towerlib.run.stopping);
 - a non-finite tower loss stops training with an error naming the step and
-  the tower, before anything of that step is saved (towerlib.run.guards);
+  the tower, before anything of that step is saved (towerlib.precision.guards), and no
+  checkpoint is written while a variable holds NaN or Inf (run.hooks);
 - the options are validated together first (towerlib.checks.validation).
 """
 
@@ -21,7 +22,7 @@ import tensorflow as tf
 from towerlib.run import checkpoint_fit
 from towerlib.run import checkpoints
 from towerlib.run import folder_lock
-from towerlib.run import guards
+from towerlib.precision import guards
 from towerlib.run import hooks as hooks_lib
 from towerlib.run import sessions
 from towerlib.run import stopping
