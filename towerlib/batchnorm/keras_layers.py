@@ -31,7 +31,7 @@ import dataclasses
 import tensorflow as tf
 
 from towerlib.batchnorm import normalization
-from towerlib.internals import tf_keras
+from towerlib.internals import function_graphs, tf_keras
 from towerlib.update import copies as variable_copies
 
 
@@ -72,7 +72,7 @@ def _refuse_unrouted_keras_batch_norm(new_ops, ctx):
 
 def keras_batch_norm(layer, inputs, training, ctx):
     """A built tf_keras BatchNormalization layer's output for `inputs` in tower `ctx`."""
-    axis = _checked_axis(layer, inputs)
+    axis = _axis_or_refusal(layer, inputs)
     static = _static_training(layer, training, ctx)
     name = layer_key(layer)
     variables = dict(beta=layer.beta if layer.center else None,
@@ -87,7 +87,7 @@ def keras_batch_norm(layer, inputs, training, ctx):
 
     if static is not None:
         return normalize(static, layer.momentum)
-    if getattr(tf.compat.v1.get_default_graph(), "outer_graph", None) is not None:
+    if function_graphs.in_function_body(tf.compat.v1.get_default_graph()):
         raise KerasBatchNormError(
             f"tf_keras BatchNormalization '{layer.name}' got training as a tensor inside "
             "the accumulation loop (accumulation_steps > 1), where its moving-average "
@@ -107,7 +107,7 @@ def layer_key(layer):
     return name.rsplit("/", 1)[0]
 
 
-def _checked_axis(layer, inputs):
+def _axis_or_refusal(layer, inputs):
     unsupported = [f"{option}={getattr(layer, attribute)!r}"
                    for option, attribute, off in (
                        ("renorm", "renorm", False),

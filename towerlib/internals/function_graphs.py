@@ -34,6 +34,17 @@ def is_inside(graph: tf.Graph, outer: tf.Graph) -> bool:
     return False
 
 
+def root_graph(graph: tf.Graph) -> tf.Graph:
+    """The plain graph a function body (an accumulation loop's, say) is built inside."""
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
+
+
+def in_function_body(graph: tf.Graph) -> bool:
+    return getattr(graph, "outer_graph", None) is not None
+
+
 def copy_op(op: tf.Operation, name: str) -> tf.Operation:
     """A new op like `op` (type, inputs, attributes) in the current graph.
 

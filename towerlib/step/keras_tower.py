@@ -41,7 +41,7 @@ import weakref
 import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
-from towerlib.internals import error_texts, tf_keras
+from towerlib.internals import error_texts, function_graphs, tf_keras
 from towerlib.step import loss_terms
 from towerlib.step.towers import TowerModel
 
@@ -80,7 +80,7 @@ class KerasTower(TowerModel):
         Built here, outside every tower, if the graph has none yet: an export
         or inference graph calls this, then the returned model.
         """
-        graph = _root_graph(graph or tf.compat.v1.get_default_graph())
+        graph = function_graphs.root_graph(graph or tf.compat.v1.get_default_graph())
         models = self._models.setdefault(graph, {})
         if 0 not in models:
             with graph.as_default():
@@ -112,8 +112,8 @@ class KerasTower(TowerModel):
         try:
             return self._outputs(features, ctx, graph)
         except ValueError as error:
-            in_loop = getattr(graph, "outer_graph", None) is not None
-            if not (in_loop and error_texts.is_foreign_graph_element(error)):
+            if not (function_graphs.in_function_body(graph)
+                    and error_texts.is_foreign_graph_element(error)):
                 raise
             raise KerasTowerError(
                 "KerasTower: the model holds a tensor of its construction (a symbolic "
@@ -126,7 +126,7 @@ class KerasTower(TowerModel):
         model, originals = self._tower_model(ctx, getter)
         if model is None:  # replicated: tower ctx.index's own copy, made here
             model = self._construct(self._copy, getter, originals)
-            self._models[_root_graph(graph)][ctx.index] = model
+            self._models[function_graphs.root_graph(graph)][ctx.index] = model
         _check_float32_policy(model)
         ops_before = len(graph.get_operations())
         with _variables_through(getter, originals, ctx.name_scope), \
@@ -138,7 +138,7 @@ class KerasTower(TowerModel):
 
     def _tower_model(self, ctx, getter):
         """(the model tower ctx.index calls, or None to copy; tower 0's weights by name)."""
-        graph = _root_graph(tf.compat.v1.get_default_graph())
+        graph = function_graphs.root_graph(tf.compat.v1.get_default_graph())
         models = self._models.setdefault(graph, {})
         if 0 not in models:
             models[0] = self._main_model(graph, getter)
@@ -167,7 +167,7 @@ class KerasTower(TowerModel):
         if self._builder() is None:
             model = self._given
             if model.built and model.weights and (
-                    _root_graph(model.weights[0].graph) is not graph):
+                    function_graphs.root_graph(model.weights[0].graph) is not graph):
                 raise ValueError(
                     f"KerasTower: the model {model.name!r} was built in another graph "
                     "than this build's. Fix: pass a function that builds the model "
@@ -181,7 +181,7 @@ class KerasTower(TowerModel):
         """make(), outside every tower: a scope of its own, tf_keras' own batch norm,
         layers numbered as at the first construction, variables through `getter`."""
         graph = tf.compat.v1.get_default_graph()
-        counters = self._name_counters.setdefault(_root_graph(graph), tf_keras.name_counters())
+        counters = self._name_counters.setdefault(function_graphs.root_graph(graph), tf_keras.name_counters())
         tf_keras.restore_name_counters(counters)
         with graph.name_scope(None), graph.name_scope("keras_model") as scope, \
                 tf_keras.routed_batch_norm_calls(None), \
@@ -193,7 +193,7 @@ class KerasTower(TowerModel):
             model = self._builder()()
             _check_built_model(model)
             return model
-        main = self._models[_root_graph(tf.compat.v1.get_default_graph())][0]
+        main = self._models[function_graphs.root_graph(tf.compat.v1.get_default_graph())][0]
         return tf_keras.clone_model(main)
 
 
@@ -274,12 +274,6 @@ def _default_metrics(labels, outputs):
     return {}
 
 
-def _root_graph(graph):
-    while getattr(graph, "outer_graph", None) is not None:
-        graph = graph.outer_graph
-    return graph
-
-
 class _CopyAsked(Exception):
     pass
 
@@ -321,10 +315,6 @@ def _a_variable(value, name):
     return value
 
 
-class _Guard:
-    active = False
-
-
 @contextlib.contextmanager
 def _variables_through(getter, originals, tower_scope):
     """Keras' new variables made by get_variable under their Keras names, through `getter`.
@@ -334,22 +324,22 @@ def _variables_through(getter, originals, tower_scope):
     returns tower i's copy of it.
     """
     graph = tf.compat.v1.get_default_graph()
-    guard = _Guard()
+    creating = []  # non-empty while get_variable below creates through the creator
     variable_scope = tf.compat.v1.get_variable_scope()
 
     def create(name, *args, **kwargs):
         if name in originals:
             return originals[name]
-        guard.active = True
+        creating.append(name)
         try:
             root = tf.compat.v1.VariableScope(reuse=kwargs.pop("reuse", None), name="")
             with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False):
                 return tf.compat.v1.get_variable(name, *args, **kwargs)
         finally:
-            guard.active = False
+            creating.pop()
 
     def creator(next_creator, **kwargs):
-        if guard.active:
+        if creating:
             return next_creator(**kwargs)
         scope = graph.get_name_scope()
         if tower_scope and (scope + "/").startswith(tower_scope):
