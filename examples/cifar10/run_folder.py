@@ -8,12 +8,14 @@
 - Once the graph is built, the checkpoint to restore must hold every variable of the graph
   with its shape (catches a folder whose train_config.json is missing).
 - Only then is train_config.json written (`record`, atomically). `start_over` removes
-  what a run wrote, keeping the generated data set.
+  exactly what a run wrote (by name), in a folder holding a run record only: never a
+  user's files, and not while another trainer holds the folder.
 """
 
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from typing import List, Optional
@@ -21,6 +23,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 import towerlib
+import towerlib.run.checkpoints
 from examples.cifar10 import data_source, options, run_errors
 from towerlib.run import folder_lock
 
@@ -192,26 +195,84 @@ def check_checkpoint_fits_graph(checkpoint: Optional[str], train_dir: str) -> No
             % (checkpoint, train_dir, "; ".join(problems)))
 
 
-def _is_run_file(name: str) -> bool:
-    return (name.startswith(("model.ckpt", "events.out.tfevents", "checkpoint",
-                             CONFIG_FILE, "." + CONFIG_FILE, ".saving"))
-            or name in ("eval", "export", "traces"))
+# The names a run of ours writes at the top of its folder, and in its eval/ and traces/.
+_RUN_FILE = re.compile(
+    r"^(model\.ckpt-\d+\.(index|meta|data-\d{5}-of-\d{5})|checkpoint|checkpoint\.tmp-[0-9a-f]{32}"
+    r"|events\.out\.tfevents\..+|\.train_config\.json\w+)$")
+_SUBFOLDER_FILE = {"eval": re.compile(r"^events\.out\.tfevents\..+$"),
+                   "traces": re.compile(r"^trace_step_\d+\.(json|png)$")}
+STARTING_OVER = "." + CONFIG_FILE + ".start_over"  # the record, while start_over runs
+
+
+def _run_paths(train_dir: str) -> List[str]:
+    """The paths in train_dir that a run of ours wrote: its checkpoints, state, events,
+    staging folder, eval/ events, traces/ and the exports of export.py (a folder
+    <step>/ that holds a SavedModel and nothing else); nothing of another origin."""
+    from examples.cifar10 import export  # imports this module
+
+    def ours(name):  # a checkpoint's data or .meta only beside its index
+        prefix = re.sub(r"\.(meta|data-\d{5}-of-\d{5})$", "", name)
+        return _RUN_FILE.match(name) and (
+            prefix == name or os.path.exists(os.path.join(train_dir, prefix + ".index")))
+
+    found = [n for n in os.listdir(train_dir) if ours(n)]
+    found += [n for n in (towerlib.run.checkpoints.SAVING_DIRNAME,)
+              if os.path.isdir(os.path.join(train_dir, n))]
+    for folder, pattern in _SUBFOLDER_FILE.items():
+        path = os.path.join(train_dir, folder)
+        if os.path.isdir(path):
+            found += [os.path.join(folder, n) for n in os.listdir(path) if pattern.match(n)]
+    exports = os.path.join(train_dir, "export")
+    if os.path.isdir(exports):
+        found += [os.path.join("export", n) for n in os.listdir(exports)
+                  if n.isdigit() and os.path.isdir(os.path.join(exports, n))
+                  and not export.foreign_files(os.path.join(exports, n))]
+    return sorted(found)
+
+
+def _refuse_foreign_folder(train_dir: str) -> None:
+    """FlagError unless train_dir holds our run record (or an interrupted start-over's),
+    or nothing but the generated data and towerlib's lock."""
+    if any(os.path.isfile(os.path.join(train_dir, n)) for n in (CONFIG_FILE, STARTING_OVER)):
+        return
+    ours = (data_source.GENERATED_SUBDIR, folder_lock.LOCK_FILENAME)
+    others = sorted(n for n in os.listdir(train_dir) if n not in ours)
+    if others:
+        raise options.FlagError(
+            "--overwrite_train_dir: %r holds no %s, so no run of this script wrote it "
+            "(it holds %s); nothing was deleted. Fix: another --train_dir, or move those "
+            "files away yourself." % (train_dir, CONFIG_FILE, ", ".join(
+                others[:4]) + (", ..." if len(others) > 4 else "")))
 
 
 def start_over(train_dir: str) -> List[str]:
-    """Deletes the run in train_dir (checkpoints, state, events, train_config.json,
-    eval/, export/, traces/), keeping anything else, e.g. the generated data; returns what
-    went. train_config.json goes first, so an interrupted start-over is never resumed."""
+    """Deletes the run in train_dir: exactly what a run of ours wrote (`_run_paths`),
+    keeping anything else (the generated data, a user's files); returns what went.
+    Refuses a folder without our run record (FlagError) and one another trainer holds
+    (RunError). The record is renamed first (so an interrupted start-over is never
+    resumed, and is still known as ours) and removed last."""
     if not os.path.isdir(train_dir):
         return []
-    names = sorted(n for n in os.listdir(train_dir) if _is_run_file(n))
-    names.sort(key=lambda n: not n.startswith(CONFIG_FILE))
+    _refuse_foreign_folder(train_dir)
+    refuse_if_in_use(train_dir)
+    record_path = os.path.join(train_dir, CONFIG_FILE)
+    marker = os.path.join(train_dir, STARTING_OVER)
+    if os.path.isfile(record_path):
+        os.replace(record_path, marker)
+    names = _run_paths(train_dir)
     for name in names:
         path = os.path.join(train_dir, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
         else:
             os.remove(path)
+    for folder in ("eval", "traces", "export"):
+        path = os.path.join(train_dir, folder)
+        if os.path.isdir(path) and not os.listdir(path):
+            os.rmdir(path)
+    if os.path.exists(marker):
+        os.remove(marker)
+        names.insert(0, CONFIG_FILE)
     if names:
         logger.info("--overwrite_train_dir: deleted the previous run in %s (%d files and "
                     "folders).", train_dir, len(names))

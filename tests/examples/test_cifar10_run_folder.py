@@ -229,3 +229,72 @@ def test_a_folder_another_trainer_holds_is_refused_in_one_line(tmp_path):
             folder_lock.hold(tmp_path)
     finally:
         held.release()
+
+
+USER_FILES = ["export/my_model/saved_model.pb", "checkpoints/best.h5", "eval/results.csv",
+              "checkpoint_notes.txt", "model.ckpt-7.data-00000-of-00001",
+              "checkpoint.tmp_notes", "checkpoint.tmp.keep", "traces/notes.txt"]
+
+
+def _write(folder, names, text="mine"):
+    for name in names:
+        path = os.path.join(folder, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def _all_intact(folder, names):
+    for name in names:
+        with open(os.path.join(folder, name)) as f:
+            assert f.read() == "mine", name
+
+
+def test_overwrite_refuses_a_folder_that_was_never_a_run(tmp_path):
+    # Issue 34, item 4: these four were deleted, and the script exited 0.
+    _write(str(tmp_path), USER_FILES)
+    with pytest.raises(options.FlagError) as raised:
+        run_folder.start_over(str(tmp_path))
+    message = str(raised.value)
+    assert "\n" not in message and "holds no train_config.json" in message
+    assert "nothing was deleted" in message and "Fix: another --train_dir" in message
+    _all_intact(str(tmp_path), USER_FILES)
+
+
+def test_overwrite_of_a_run_removes_only_what_the_run_wrote(tmp_path):
+    ours = [run_folder.CONFIG_FILE, "checkpoint", "model.ckpt-8.index", "model.ckpt-8.meta",
+            "model.ckpt-8.data-00000-of-00001", "events.out.tfevents.1.host",
+            "eval/events.out.tfevents.2.host", "traces/trace_step_5.json",
+            "export/8/saved_model.pb", "export/8/variables/variables.index",
+            ".saving/model.ckpt-9.index", "checkpoint.tmp-" + "ab" * 16]
+    _write(str(tmp_path), ours + USER_FILES)
+    _write(str(tmp_path), ["generated_data/cifar-10-batches-bin/data_batch_1.bin"])
+    run_folder.start_over(str(tmp_path))
+    for name in ours:
+        assert not os.path.exists(os.path.join(tmp_path, name)), name
+    assert not os.path.exists(os.path.join(tmp_path, "export", "8"))
+    _all_intact(str(tmp_path), USER_FILES
+                + ["generated_data/cifar-10-batches-bin/data_batch_1.bin"])
+
+
+def test_overwrite_of_an_empty_or_missing_folder_is_nothing(tmp_path):
+    assert run_folder.start_over(str(tmp_path / "absent")) == []
+    assert run_folder.start_over(str(tmp_path)) == []
+
+
+@pytest.mark.slow  # the train script in a fresh process
+def test_the_train_script_refuses_to_overwrite_a_folder_of_user_files(tmp_path, data_sets):
+    train_dir = str(tmp_path / "mine")
+    _write(train_dir, USER_FILES)
+    completed = subprocess.run(
+        [sys.executable, "-m", "examples.cifar10.train", "--train_dir=" + train_dir,
+         "--data_dir=" + data_sets[0], "--max_steps=2", "--overwrite_train_dir"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    lines = completed.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: --overwrite_train_dir: ") and \
+        "holds no train_config.json" in lines[-1], completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr
+    _all_intact(train_dir, USER_FILES)
+    assert sorted(os.listdir(train_dir)) == sorted(
+        {name.split("/")[0] for name in USER_FILES})

@@ -64,7 +64,8 @@ def test_writer_publishes_the_index_last_and_the_state_after_it(model, tmp_path,
                         lambda s, t: (renames.append(os.path.basename(t)), original(s, t)))
     model.save_steps(train_dir, [7])
     assert renames[-2:] == ["model.ckpt-7.index", "checkpoint"]
-    assert set(renames[:-2]) == {"model.ckpt-7.data-00000-of-00001", "model.ckpt-7.meta"}
+    assert renames[0] == checkpoints.JOURNAL_FILENAME  # what a kill would leave, named first
+    assert set(renames[1:-2]) == {"model.ckpt-7.data-00000-of-00001", "model.ckpt-7.meta"}
     assert tf.train.latest_checkpoint(train_dir) == _prefix(train_dir, 7)
     assert os.listdir(os.path.join(train_dir, checkpoints.SAVING_DIRNAME)) == []
 
@@ -134,13 +135,13 @@ def test_complete_checkpoint_missing_from_the_state_is_found(model, tmp_path, ca
     train_dir = str(tmp_path)
     model.save_steps(train_dir, [2, 4, 6])
     checkpoints.write_state(train_dir, [_prefix(train_dir, 2), _prefix(train_dir, 4)])
-    with open(os.path.join(train_dir, "checkpoint.tmp-0123abcd"), "w") as handle:
+    with open(os.path.join(train_dir, "checkpoint.tmp-" + "0123abcd" * 4), "w") as handle:
         handle.write("model_checkpoint_path: \"model.ck")  # the half-written state
     with caplog.at_level(logging.WARNING, logger="towerlib"):
         assert checkpoints.prepare_restore(train_dir) == _prefix(train_dir, 6)
     assert "rewrote it" in caplog.text
     assert tf.train.latest_checkpoint(train_dir) == _prefix(train_dir, 6)
-    assert not os.path.exists(os.path.join(train_dir, "checkpoint.tmp-0123abcd"))
+    assert not os.path.exists(os.path.join(train_dir, "checkpoint.tmp-" + "0123abcd" * 4))
 
 
 def test_garbage_state_file_falls_back_to_scanning(model, tmp_path):
@@ -173,9 +174,12 @@ def test_leftovers_of_killed_writers_are_removed_and_nothing_else(model, tmp_pat
         "checkpoint.tmp" + "0123456789abcdef" * 2,
         "model.ckpt-5.meta.tmp" + "fedcba9876543210" * 2,
         os.path.join("model.ckpt-5_temp", "part-00000-of-00001.index"),
-        "model.ckpt-9.data-00000-of-00001",  # data whose index never came
+        "checkpoint.tmp-" + "0123456789abcdef" * 2,  # towerlib's state temporary
     ]
-    keep = ["notes.txt", "eval_temp", "events.out.tfevents.1.host"]
+    # A user's files of similar names (issue 34, item 5): never towerlib's to delete.
+    keep = ["notes.txt", "eval_temp", "events.out.tfevents.1.host",
+            "model.ckpt-7.data-00000-of-00001", "checkpoint.tmp_notes", "checkpoint.tmp.keep",
+            "checkpoint_notes.txt", os.path.join("mine-3_temp", "results.csv")]
     for name in leftovers + keep:
         path = os.path.join(train_dir, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -185,8 +189,51 @@ def test_leftovers_of_killed_writers_are_removed_and_nothing_else(model, tmp_pat
     top_level = {os.path.join(train_dir, name.split(os.sep)[0]) for name in leftovers}
     assert set(removed) == top_level
     for name in keep:
-        assert os.path.exists(os.path.join(train_dir, name))
+        assert os.path.exists(os.path.join(train_dir, name)), name
     assert checkpoints.checkpoint_problem(_prefix(train_dir, 3)) is None
+
+
+def test_a_killed_publish_or_delete_is_undone_by_its_journal(model, tmp_path, monkeypatch):
+    # Data shards whose index is missing go only when the writer's journal names them.
+    train_dir = str(tmp_path)
+    model.save_steps(train_dir, [1, 2], max_to_keep=1)  # step 1 deleted, step 2 kept
+
+    def killed(source, target):
+        if target.endswith("model.ckpt-3.index"):
+            raise KeyboardInterrupt("killed before the index")  # a SIGKILL stand-in
+        os.replace(source, target)
+
+    monkeypatch.setattr(durable_files, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        model.save_steps(train_dir, [3], max_to_keep=1)
+    monkeypatch.undo()
+    user_file = os.path.join(train_dir, "model.ckpt-7.data-00000-of-00001")
+    with open(user_file, "w") as handle:
+        handle.write("mine")
+    assert os.path.exists(_prefix(train_dir, 3) + ".data-00000-of-00001")
+    removed = checkpoints.remove_leftovers(train_dir)
+    assert _prefix(train_dir, 3) + ".data-00000-of-00001" in removed
+    assert checkpoints.checkpoint_files(_prefix(train_dir, 3)) == []
+    assert os.path.exists(user_file)
+    assert checkpoints.checkpoint_problem(_prefix(train_dir, 2)) is None
+
+
+def test_run_training_into_a_folder_of_user_files_deletes_none(tmp_path):
+    train_dir = str(tmp_path / "mine")
+    names = ["model.ckpt-7.data-00000-of-00001", "checkpoint.tmp_notes",
+             "checkpoint.tmp.keep", "checkpoint_notes.txt",
+             os.path.join("export", "my_model", "saved_model.pb")]
+    for name in names:
+        os.makedirs(os.path.dirname(os.path.join(train_dir, name)), exist_ok=True)
+        with open(os.path.join(train_dir, name), "w") as handle:
+            handle.write("mine")
+    with tf.Graph().as_default():
+        towerlib.run_training(tiny_model.build(), train_dir=train_dir, max_steps=2,
+                              session_config=tiny_model.session_config(2),
+                              save_summaries_steps=None)
+    for name in names:
+        with open(os.path.join(train_dir, name)) as handle:
+            assert handle.read() == "mine", name
 
 
 def test_incomplete_checkpoint_at_the_same_step_is_replaced(model, tmp_path, caplog):

@@ -29,6 +29,10 @@ What `CheckpointWriter` does instead:
   4. old checkpoints beyond `max_to_keep` are dropped from the state first
      and deleted after, `.index` first, so a half-deleted one is incomplete.
 
+Before publishing, the writer names the checkpoints it is about to publish or
+delete in a journal, `.saving/publishing` (removed after): a restart after a
+kill removes the files of those without an index, and no other file.
+
 A step that already has a complete checkpoint is never rewritten (the
 restarted chief does not re-save what it restored); files of an incomplete
 checkpoint at the same step are deleted, index first, before a new save.
@@ -43,6 +47,7 @@ order of operations but have no fsync and may not rename atomically.
 
 import logging
 import os
+import re
 
 import tensorflow as tf
 
@@ -59,7 +64,7 @@ logger = logging.getLogger("towerlib")
 __all__ = [
     "DEFAULT_BASENAME", "SAVING_DIRNAME", "STATE_FILENAME", "CheckpointError",
     "CheckpointWriter", "checkpoint_files", "checkpoint_problem", "checkpoint_step",
-    "data_shard_prefix", "delete_checkpoint", "find_restorable_checkpoint", "prepare_restore", "read_state",
+    "JOURNAL_FILENAME", "data_shard_prefix", "delete_checkpoint", "find_restorable_checkpoint", "prepare_restore", "read_state",
     "restorable_steps",
     "remove_leftovers", "scan_prefixes", "write_state",
 ]
@@ -81,18 +86,56 @@ def _newest_first(listed, scanned):
     return sorted(order, key=key, reverse=True)
 
 
-def remove_leftovers(train_dir):
-    """Deletes what killed writers leave behind; returns the paths removed.
+_STATE_TEMPORARY = re.compile(re.escape(STATE_FILENAME) + r"\.tmp-[0-9a-f]{32}$")
+_TF_PART = re.compile(r"^part-\d{5}-of-\d{5}(\.index|\.data-\d{5}-of-\d{5})"
+                      r"(\.tempstate\d+)?$")
+_TF_FILE_TEMPORARY = re.compile(r"(\.tempstate\d+|\.tmp[0-9a-f]{32})$")
+JOURNAL_FILENAME = "publishing"  # in SAVING_DIRNAME: the prefixes a save is changing
 
-    That is: the `.saving` staging directory, TensorFlow's temporary files
-    (`*.tempstate<N>`, `checkpoint.tmp<hex>`, `<prefix>_temp/`), towerlib's
-    `checkpoint.tmp-<hex>`, and data shards whose index is missing (a
-    checkpoint half-deleted or half-written by an old TensorFlow saver). Only
-    the chief, the one writer, may call this.
+
+def _is_our_temporary(train_dir, name):
+    """towerlib's state temporary, or one of TensorFlow's unmistakable temporaries (a
+    '_temp' folder only when it holds nothing but a sharded save's parts)."""
+    if _STATE_TEMPORARY.match(name):
+        return True
+    if not tf_checkpoint_files.is_tensorflow_leftover(name):
+        return False
+    path = os.path.join(train_dir, name)
+    if not tf.io.gfile.isdir(path):
+        return _TF_FILE_TEMPORARY.search(name) is not None
+    return all(_TF_PART.match(n.rstrip("/")) for n in tf.io.gfile.listdir(path))
+
+
+def _journaled_prefixes(train_dir):
+    """The prefixes an interrupted save was publishing or deleting (its journal)."""
+    path = os.path.join(train_dir, SAVING_DIRNAME, JOURNAL_FILENAME)
+    if not tf.io.gfile.exists(path):
+        return []
+    with tf.io.gfile.GFile(path) as handle:
+        names = [line.strip() for line in handle.read().splitlines()]
+    return [os.path.join(train_dir, n) for n in names if n and os.sep not in n]
+
+
+def remove_leftovers(train_dir):
+    """Deletes what killed writers of towerlib left behind; returns the paths removed.
+
+    Only names this library wrote, or TensorFlow's unmistakable temporaries: the
+    `.saving` staging directory; the files of a checkpoint that an interrupted
+    save was publishing or deleting (named in `.saving`'s journal) when its
+    `.index` is missing; `checkpoint.tmp-<32 hex>`; `*.tempstate<N>`,
+    `*.tmp<32 hex>` and a `<prefix>_temp` folder of a sharded save's parts.
+    A user's file of a similar name (a data shard without an index that no
+    journal names, `checkpoint.tmp_notes`) stays. Only the chief, the one
+    writer, may call this.
     """
     removed = []
     if not tf.io.gfile.isdir(train_dir):
         return removed
+    for prefix in _journaled_prefixes(train_dir):
+        if not tf.io.gfile.exists(prefix + ".index"):
+            for path in checkpoint_files(prefix):
+                durable_files.remove_file(path)
+                removed.append(path)
     staging = os.path.join(train_dir, SAVING_DIRNAME)
     if tf.io.gfile.exists(staging):
         interrupted = bool(tf.io.gfile.listdir(staging))  # empty after a good save
@@ -102,18 +145,11 @@ def remove_leftovers(train_dir):
     for name in tf.io.gfile.listdir(train_dir):
         name = name.rstrip("/")
         path = os.path.join(train_dir, name)
-        if (tf_checkpoint_files.is_tensorflow_leftover(name)
-                or name.startswith(STATE_FILENAME + ".tmp")):
+        if _is_our_temporary(train_dir, name):
             if tf.io.gfile.isdir(path):
                 tf.io.gfile.rmtree(path)
             else:
                 durable_files.remove_file(path)
-            removed.append(path)
-            continue
-        shard_of = data_shard_prefix(name)
-        if shard_of is not None and not tf.io.gfile.exists(
-                os.path.join(train_dir, shard_of) + ".index"):
-            durable_files.remove_file(path)
             removed.append(path)
     if removed:
         durable_files.fsync_dir(train_dir)
@@ -258,9 +294,22 @@ class CheckpointWriter:
             if tf.io.gfile.exists(staging):
                 tf.io.gfile.rmtree(staging)
             raise
+        kept = [p for p in self.kept if p != final] + [final]
+        self._journal([final] + kept[:-self.max_to_keep])
         self._publish(staged, final)
         self._update_state(final)
+        self._journal([])
         return final
+
+    def _journal(self, prefixes):
+        """Names (in .saving) the checkpoints being published or deleted, so that a
+        restart after a kill removes their files and nothing else; [] clears it."""
+        path = os.path.join(self.train_dir, SAVING_DIRNAME, JOURNAL_FILENAME)
+        if prefixes:
+            durable_files.atomic_write_text(
+                path, "".join(os.path.basename(p) + "\n" for p in prefixes))
+        else:
+            durable_files.remove_file(path)
 
     def _stage(self, session, step):
         staging = os.path.join(self.train_dir, SAVING_DIRNAME)
