@@ -4,6 +4,7 @@ Each function adds ConfigProblems to a checker (towerlib.checks.validation)
 instead of raising, so that every problem of a configuration is listed at once.
 """
 
+import itertools
 import math
 import numbers
 import os
@@ -97,9 +98,41 @@ def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint
                   "'grpc://...' of this worker, or is_chief=True for local training.")
 
 
-def check_trace_steps(check, trace_steps):
-    """trace_steps: global steps >= 1 to trace, as an iterable of ints."""
-    if isinstance(trace_steps, (str, bytes)) or not hasattr(trace_steps, "__iter__") \
-            or not all(_is_int(step) and step >= 1 for step in trace_steps):
-        check.add("trace_steps", f"must be global steps >= 1, got {trace_steps!r}.",
+MAX_TRACE_STEPS = 1000  # each traced step writes a trace and a picture
+
+
+def bounded_trace_steps(trace_steps):
+    """trace_steps as a tuple of at most MAX_TRACE_STEPS + 1 items (an unbounded
+    iterable is never iterated further); None as (); anything that is no collection
+    of steps (an int, a string) unchanged, for check_trace_steps to name."""
+    if trace_steps is None:
+        return ()
+    if isinstance(trace_steps, (str, bytes)) or not hasattr(trace_steps, "__iter__"):
+        return trace_steps
+    return tuple(itertools.islice(trace_steps, MAX_TRACE_STEPS + 1))
+
+
+def check_trace_steps(check, trace_steps, max_steps=None):
+    """trace_steps: at most MAX_TRACE_STEPS global steps >= 1 (and <= max_steps), as an
+    iterable of ints; an unbounded iterable is refused after MAX_TRACE_STEPS + 1 items."""
+    if _is_int(trace_steps):
+        check.add("trace_steps", f"is one int ({trace_steps}), not a collection of steps.",
+                  f"trace_steps=[{max(trace_steps, 1)}] to trace that global step, or () "
+                  "for none.")
+        return
+    steps = bounded_trace_steps(trace_steps)
+    if isinstance(steps, tuple) and len(steps) > MAX_TRACE_STEPS:
+        check.add("trace_steps", f"has more than {MAX_TRACE_STEPS} steps (or is unbounded, "
+                  "e.g. itertools.count); each traced step writes a trace and a picture.",
+                  "list the few steps to trace, e.g. trace_steps=range(20, 25).")
+        return
+    if not isinstance(steps, tuple) or not all(_is_int(s) and s >= 1 for s in steps):
+        shown = list(steps) if isinstance(steps, tuple) else trace_steps
+        check.add("trace_steps", f"must be global steps >= 1, got {shown!r}.",
                   "e.g. trace_steps=[20, 21] (a step early in the run is still warming up).")
+        return
+    past = sorted(s for s in steps if _is_int(max_steps) and s > max_steps)
+    if past:
+        check.add("trace_steps", f"steps {', '.join(map(str, past))} are past "
+                  f"max_steps={max_steps}: they would never run, and trace nothing.",
+                  f"trace steps up to {max_steps}, or raise max_steps.")

@@ -250,7 +250,7 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
         check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
         save_summaries_steps, log_every_n_steps, max_checkpoints_to_keep, master, is_chief)
     if trace_steps is not None:
-        loop_options.check_trace_steps(check, trace_steps)
+        loop_options.check_trace_steps(check, trace_steps, max_steps)
     if check.problems:
         raise ConfigError(check.problems)
 

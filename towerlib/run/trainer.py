@@ -28,6 +28,7 @@ from towerlib.run import sessions
 from towerlib.run import stopping
 from towerlib import trace
 from towerlib.checks import data_checks
+from towerlib.checks import loop_options
 from towerlib.checks import run_time
 from towerlib.checks import validation
 from towerlib.exchange import safety as exchange_safety
@@ -147,7 +148,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       trace_steps: global steps to run with full tracing (the chief only):
         each writes its RunMetadata to TensorBoard (tag 'step_<n>'), a Chrome
         trace and a PNG into train_dir/traces, and logs one line on how the
-        towers overlapped (towerlib.trace). Other steps run as before.
+        towers overlapped (towerlib.trace). Other steps run as before. At most
+        1000 steps, each in [1, max_steps]; an int, or an unbounded iterable
+        (itertools.count), is refused after reading at most 1001 items.
       restore_from: 'newest' (the newest complete checkpoint in train_dir),
         a checkpoint prefix, or None to start afresh; across workers every
         worker restores the step they agreed on (towerlib.cluster.allreduce).
@@ -162,7 +165,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       towerlib.CheckpointError: train_dir has checkpoints, none restorable.
       towerlib.DataError: the input ended before the first step.
     """
-    trace_steps = tuple(trace_steps or ())
+    trace_steps = loop_options.bounded_trace_steps(trace_steps)  # never unbounded
     validation.validate_config(
         train_dir=train_dir, max_steps=max_steps, required=("train_dir", "max_steps"),
         save_checkpoint_steps=save_checkpoint_steps,
