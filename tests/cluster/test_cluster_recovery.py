@@ -11,7 +11,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from towerlib.run import trainer
+from towerlib.run import sessions
 from towerlib.cluster import recovery
 from towerlib.cluster.spec import cluster_from_flags
 from tests.distributed_processes import free_ports
@@ -132,7 +132,7 @@ def test_chief_session_recreated_restores_the_newest_checkpoint(tmp_path):
         weight = tf.compat.v1.get_variable("w", initializer=1.0)
         train_a_while = [global_step.assign(7), weight.assign(5.0)]
         scaffold = tf.compat.v1.train.Scaffold()
-        creator = trainer._ChiefSessionCreator(scaffold, "", None, str(tmp_path), None)
+        creator = sessions.ChiefSessionCreator(scaffold, "", None, str(tmp_path), None)
         with creator.create_session() as session:
             assert session.run([global_step, weight]) == [0, 1.0]
             session.run(train_a_while)
