@@ -26,12 +26,13 @@ class CreationLimit(tf.compat.v1.train.SessionRunHook):
             raise AssertionError(f"{self.created} sessions created: the loop is unbounded")
 
 
-def _train(train_dir, max_steps, hooks=(), **model):
+def _train(train_dir, max_steps, hooks=(), save_checkpoint_steps=1000, **model):
     with tf.Graph().as_default():
         train = tiny_model.build(**model)
         return towerlib.run_training(
             train, train_dir=train_dir, max_steps=max_steps, session_config=CONFIG,
-            save_summaries_steps=None, save_checkpoint_steps=1000, hooks=list(hooks))
+            save_summaries_steps=None, save_checkpoint_steps=save_checkpoint_steps,
+            hooks=list(hooks))
 
 
 @pytest.mark.parametrize("model, variable, shapes", [
@@ -131,4 +132,8 @@ def test_a_completed_step_resets_the_count(tmp_path, monkeypatch):
             if self.calls % 2:
                 raise tf.errors.AbortedError(None, None, "a ps task restarted (test)")
 
-    assert _train(str(tmp_path / "train"), 6, hooks=[AbortEveryOtherStep()]).global_step == 6
+    # A checkpoint every step: each recreated session restores the newest one, so the
+    # run moves on (with the default every 1000 steps it would roll back to step 0).
+    result = _train(str(tmp_path / "train"), 6, hooks=[AbortEveryOtherStep()],
+                    save_checkpoint_steps=1)
+    assert result.global_step == 6
