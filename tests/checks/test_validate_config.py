@@ -27,6 +27,7 @@ WRONG = {
     "summaries": ("yes", "True or False"),
     "check_isolation": (1, "True or False"),
     "workers": (2, "WorkerGroup"),
+    "clipping": (5.0, "towerlib.ClipByGlobalNorm"),
 }
 
 

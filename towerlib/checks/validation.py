@@ -182,7 +182,7 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
                     devices=None, device_type=None, bn_mode=None, update=None,
                     precision=None, exchange=None, accumulation_steps=None,
                     global_step=None, ema_decay=None, learning_rate=None, var_list=None,
-                    summaries=None, check_isolation=None, workers=None,
+                    summaries=None, check_isolation=None, workers=None, clipping=None,
                     global_batch_size=None, per_tower_batch_size=None,
                     train_dir=None, max_steps=None,
                     save_checkpoint_steps=None, save_checkpoint_secs=None,
@@ -203,8 +203,8 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
     Args:
       tower_fn, inputs, optimizer, num_towers, devices, device_type, bn_mode,
       update, precision, exchange, accumulation_steps, global_step, ema_decay,
-      learning_rate, var_list, summaries, check_isolation, workers: as for
-        build_train_graph.
+      learning_rate, var_list, summaries, check_isolation, workers, clipping: as
+        for build_train_graph.
       global_batch_size: examples per optimizer step, all towers together.
       per_tower_batch_size: examples per tower, when the script has that
         option too (it must agree with the global batch).
@@ -242,7 +242,8 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
         update=update, precision=precision, exchange=exchange,
         accumulation_steps=accumulation_steps, global_step=global_step,
         ema_decay=ema_decay, learning_rate=learning_rate, var_list=var_list,
-        summaries=summaries, check_isolation=check_isolation, workers=workers))
+        summaries=summaries, check_isolation=check_isolation, workers=workers,
+        clipping=clipping))
     _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode,
                              optimizer if "optimizer" in resolved else None)
     loop_options.check_train_dir(check, train_dir, probe_writes and is_chief)
