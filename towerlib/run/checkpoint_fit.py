@@ -9,8 +9,8 @@ index (no value is read) before any session exists.
 """
 
 import tensorflow as tf
-from tensorflow.python.training.saving import saveable_object_util
 
+from towerlib.internals import saver_names
 from towerlib.run.checkpoint_state import CheckpointError
 
 __all__ = ["check_fits_graph", "mismatches"]
@@ -24,7 +24,7 @@ def _saved_objects(saver):
     if var_list is None:
         var_list = (tf.compat.v1.global_variables()
                     + tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
-    return saveable_object_util.op_list_to_dict(var_list)
+    return saver_names.saver_names(var_list)
 
 
 def _expected(saved):
