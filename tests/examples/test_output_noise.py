@@ -226,7 +226,7 @@ def test_a_bad_flag_is_the_only_line_and_the_users_level_shows_tensorflows_lines
     assert completed.returncode == 2
     assert completed.stderr.splitlines() == [
         "error: --model=vgg16: Unknown model 'vgg16'. Choose one of convnet, resnet20, "
-        "resnet32, resnet44, resnet56, resnet110 (any resnet depth 6n+2 works, e.g. "
+        "resnet32, resnet44, resnet56, resnet110, keras_resnet20 (any resnet depth 6n+2 works, e.g. "
         "resnet8 for quick tests)."], completed.stderr
     # A level the user set, any level, turns the filter off: everything shows again.
     completed = _python(wrong, _environ(TF_CPP_MIN_LOG_LEVEL="0"))
