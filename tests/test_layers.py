@@ -20,6 +20,7 @@ LAYERS = [
     ["checks.validation"],                  # validate_config: the step's and the loop's options
     ["run"],                                # the training loop
     ["cluster"],                            # several machines
+    ["launch"],                             # starting and restarting a job's processes
 ]
 
 

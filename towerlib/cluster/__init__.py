@@ -42,6 +42,13 @@ from towerlib.cluster.allreduce import (
     run_allreduce_training,
     worker_train_dir,
 )
+from towerlib.cluster.exits import (
+    RESTART_STATUSES,
+    RETRYABLE,
+    USER_ERROR,
+    exit_by_meaning,
+    exit_status,
+)
 from towerlib.cluster.placement import (
     AddressError,
     ParameterServerPlacer,
@@ -97,6 +104,8 @@ __all__ = [
     "DEFAULT_STEP_DEADLINE_SECS", "ReplicaLostError", "StepDeadlineHook",
     # running to a clean end on every task
     "ControlSession", "run_distributed_training", "run_parameter_server", "wait_for_ps_tasks",
+    # exit statuses a scheduler reads
+    "RESTART_STATUSES", "RETRYABLE", "USER_ERROR", "exit_by_meaning", "exit_status",
     # which cluster and which task
     "CHIEF_JOB", "KNOWN_JOBS", "PS_JOB", "WORKER_JOB", "ClusterInfo", "cluster_from_flags",
     "cluster_from_tf_config", "parse_host_list", "resolve_cluster",

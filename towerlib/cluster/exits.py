@@ -1,0 +1,130 @@
+"""Exit statuses by meaning, so that a scheduler knows whether to restart.
+
+    status  meaning                                   a scheduler should
+    0       training ended
+    2       a user's mistake (a wrong flag, option,   not restart: it fails the same way
+            address or environment)
+    138     a peer, a ps task or a deadline was lost  restart every task; they resume from
+            (RETRYABLE)                               the newest checkpoint
+    128+s   stopped by signal s (130 SIGINT,          what it does for a stop it sent
+            143 SIGTERM)
+
+138 is what Kubeflow's training operator reserves for a user-defined retryable
+error (`restartPolicy: ExitCode` restarts 130, 137, 138 and 143 and treats 1, 2,
+126, 127, 128 and 139 as permanent); towerlib.launch and Ray restart it too.
+Anything else (a bug, an out-of-memory error) keeps Python's status 1 and its
+traceback.
+
+`exit_by_meaning` maps what a task raised to its status and one line on stderr:
+
+    >>> def main():
+    ...     cluster_lib.run_distributed_training(sync_graph, server, ...)
+    >>> cluster_lib.exit_by_meaning(main, task="worker 1")   # never returns
+
+The one line names the task, the error, the fix and the status; the traceback
+(with TensorFlow's gRPC detail) goes to a new file in the temporary folder whose
+name ends the line, or to stderr, before the line, when TOWERLIB_DEBUG=1.
+"""
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+import traceback
+
+from towerlib.run import checkpoint_state
+from towerlib.run import stopping
+from towerlib.cluster import placement
+from towerlib.cluster import recovery
+from towerlib.cluster import replica_watch
+
+logger = logging.getLogger("towerlib")
+
+USER_ERROR = 2
+RETRYABLE = 138
+# Statuses towerlib.launch restarts a job on: the retryable error and a task killed
+# from outside (SIGKILL by the OOM killer or a person; SIGTERM by a preempting host).
+RESTART_STATUSES = frozenset({RETRYABLE, 128 + signal.SIGKILL, 128 + signal.SIGTERM})
+DEBUG_VARIABLE = "TOWERLIB_DEBUG"
+
+# What the cluster raises when another task is gone: restarting every task fixes it.
+_RETRYABLE_ERRORS = (replica_watch.ReplicaLostError, recovery.PsUnavailableError,
+                     TimeoutError)
+# A user's mistake: the same command fails the same way again.
+_USER_ERRORS = (ValueError, TypeError, placement.AddressError,
+                checkpoint_state.CheckpointError)
+
+
+def for_signal(signum):
+    """The status of a task stopped by signal `signum`: 128 + signum, as a shell's."""
+    return 128 + int(signum)
+
+
+def exit_status(error):
+    """The status a task that raised `error` exits with (see the module's table).
+
+    >>> exit_status(towerlib.cluster.WorkerLostError("worker 1 ..."))
+    138
+    >>> exit_status(ValueError("--num_towers=0: ..."))
+    2
+    """
+    if isinstance(error, SystemExit):
+        return error.code if isinstance(error.code, int) else (error.code is not None)
+    if isinstance(error, stopping.StopSignalReceived):
+        return for_signal(error.signum)
+    if isinstance(error, KeyboardInterrupt):
+        return for_signal(signal.SIGINT)
+    if isinstance(error, _RETRYABLE_ERRORS):
+        return RETRYABLE
+    if isinstance(error, _USER_ERRORS):
+        return USER_ERROR
+    return 1
+
+
+def _write_traceback(error, task):
+    """Writes `error`'s traceback to a new file of towerlib's; returns its path."""
+    prefix = "towerlib-" + "".join(c if c.isalnum() else "-" for c in task) + "-"
+    handle, path = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    with os.fdopen(handle, "w") as log:
+        traceback.print_exception(type(error), error, error.__traceback__, file=log)
+    return path
+
+
+def failure_line(error, task, status, detail=""):
+    """The one stderr line for a task ending on `error` with `status`."""
+    kind = {RETRYABLE: "retryable", USER_ERROR: "fix and rerun"}.get(
+        status, "stopped" if status > 128 else "failed")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return (f"error: {task}: {type(error).__name__}: {first} "
+            f"[exit {status}, {kind}{'; ' + detail if detail else ''}]")
+
+
+def exit_by_meaning(main, task="this task", stderr=None):
+    """Runs main(); exits 0 when it returns, else with exit_status of what it raised.
+
+    One line on stderr (failure_line, ending with where the traceback went) for the
+    statuses of the module's table; any other error is raised on unchanged
+    (Python's status 1 and traceback: it is a bug to report, not a fault).
+
+    Args:
+      main: a function of no arguments, the task's whole work.
+      task: how the line names this task ("worker 1", "ps 0").
+      stderr: where the line goes (default sys.stderr).
+    """
+    stderr = stderr or sys.stderr
+    try:
+        main()
+    except (Exception, KeyboardInterrupt, stopping.StopSignalReceived) as error:
+        status = exit_status(error)
+        if status == 1:
+            raise
+        if os.environ.get(DEBUG_VARIABLE) == "1":
+            traceback.print_exception(type(error), error, error.__traceback__, file=stderr)
+            stderr.write(failure_line(error, task, status) + "\n")
+        else:
+            stderr.write(failure_line(error, task, status,
+                                      f"traceback: {_write_traceback(error, task)}") + "\n")
+        stderr.flush()
+        sys.exit(status)
+    sys.exit(0)
