@@ -68,10 +68,11 @@ class ProcessGroup:
         self._watchdog.daemon = True
         self._watchdog.start()
 
-    def start(self, name, flags, tf_config=None):
+    def start(self, name, flags, tf_config=None, extra_env=None):
         """Runs the command with `flags` (a list of '--flag=value') as `name`.
 
         tf_config: a dict for the TF_CONFIG environment variable, or None.
+        extra_env: more environment variables (a scheduler's), or None.
         """
         env = dict(os.environ)
         env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -80,6 +81,7 @@ class ProcessGroup:
         env.pop("TF_CONFIG", None)
         if tf_config is not None:
             env["TF_CONFIG"] = json.dumps(tf_config)
+        env.update(extra_env or {})
         log = open(self.log_path(name), "a", encoding="utf-8")
         self._log_files.append(log)
         log.write(f"### start {name}: {' '.join(flags)} TF_CONFIG={env.get('TF_CONFIG')}\n")

@@ -88,6 +88,7 @@ def main():
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--towers", type=int, default=1)
     parser.add_argument("--ports", default="")
+    parser.add_argument("--cluster", choices=["flags", "environment"], default="flags")
     parser.add_argument("--bn_mode", default="sync")
     parser.add_argument("--optimizer", default="sgd")
     parser.add_argument("--accumulation_steps", type=int, default=1)
@@ -104,9 +105,13 @@ def run(args):
     images, labels = batches()
     step_index = None
     if args.role == "worker":
-        cluster = cluster_lib.cluster_from_flags(
-            worker_hosts=",".join(f"127.0.0.1:{p}" for p in args.ports.split(",")),
-            job_name="worker", task_index=args.task)
+        if getattr(args, "cluster", "flags") == "environment":   # TF_CONFIG or Slurm's
+            cluster = cluster_lib.resolve_cluster()
+            assert cluster.task_index == args.task, (cluster, args.task)
+        else:
+            cluster = cluster_lib.cluster_from_flags(
+                worker_hosts=",".join(f"127.0.0.1:{p}" for p in args.ports.split(",")),
+                job_name="worker", task_index=args.task)
         server = cluster_lib.start_server(cluster, args.towers)
         first_member, members = args.task * args.towers, args.workers * args.towers
         target, config = server.target, cluster_lib.session_config(cluster, args.towers)

@@ -13,6 +13,7 @@ it is also one device on the whole batch. After 5 steps on a global batch of
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -84,6 +85,68 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
         processes.start(f"worker{task}", common + [
             "--role=worker", f"--task={task}", f"--workers={workers}",
             f"--towers={towers}", f"--ports={ports}", f"--out={tmp_path / f'w{task}.npz'}"])
+    check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, optimizer,
+                              steps, model)
+
+
+def consecutive_free_ports(count, attempts=50):
+    """A port p such that p .. p + count - 1 are free now (Slurm's port_base layout)."""
+    for _ in range(attempts):
+        base = free_ports(1)[0]
+        if base + count < 65536 and all(
+                port_is_free(base + i) for i in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports in {attempts} attempts")
+
+
+def port_is_free(port):
+    import socket
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def scheduler_environment(scheduler, task, workers):
+    """What `scheduler` sets for worker `task` of `workers`, ports free on localhost."""
+    if scheduler == "slurm":   # srun -N 1 -n <workers>, one node
+        return {"SLURM_PROCID": str(task), "SLURM_STEP_NUM_TASKS": str(workers),
+                "SLURM_STEP_NODELIST": "localhost",
+                "SLURM_STEP_TASKS_PER_NODE": str(workers)}
+    # Kubeflow's training operator (TFJob): service names, an 'environment' key.
+    return {"TF_CONFIG": json.dumps({
+        "cluster": {"worker": [f"localhost:{port}" for port in PORTS[scheduler]]},
+        "task": {"type": "worker", "index": task}, "environment": "cloud"})}
+
+
+PORTS = {}
+
+
+@pytest.mark.parametrize("scheduler", ["slurm", "tfjob"])
+def test_a_schedulers_environment_is_the_cluster(processes, tmp_path, scheduler):
+    """2 workers x 2 towers placed by srun's or TFJob's variables train as by flags."""
+    workers, towers = 2, 2
+    base = consecutive_free_ports(workers)
+    PORTS[scheduler] = [base + i for i in range(workers)]
+    common = ["--bn_mode=sync", "--optimizer=momentum", "--model=towerlib",
+              "--clip_norm=0", "--accumulation_steps=1", f"--init={tmp_path / 'init.npz'}"]
+    for task in range(workers):
+        environment = scheduler_environment(scheduler, task, workers)
+        environment["TOWERLIB_SLURM_PORT_BASE"] = str(base)
+        processes.start(f"worker{task}", common + [
+            "--role=worker", "--cluster=environment", f"--task={task}",
+            f"--workers={workers}", f"--towers={towers}",
+            f"--out={tmp_path / f'w{task}.npz'}"], extra_env=environment)
+    check_against_one_machine(processes, tmp_path, workers, towers, "sync", "momentum", 1,
+                              "towerlib")
+
+
+def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, optimizer,
+                              steps, model):
+    """Runs the references here while the workers train; compares every copy."""
+    job_model, clip_norm = model_flags(model)
     processes.wait_for(lambda: os.path.exists(tmp_path / "init.npz"),
                        "initial values from the chief", 90, watched="worker0")
     references = {"reference": workers * towers}

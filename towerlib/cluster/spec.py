@@ -6,8 +6,8 @@ hold the variables (without ps tasks the replicas all-reduce). `ClusterInfo` des
 `cluster_from_tf_config` and `resolve_cluster` build one and say what is
 wrong with a description that cannot work.
 
-Library code reads no flags: scripts pass flag values to `cluster_from_flags`
-or let `resolve_cluster` fall back to the TF_CONFIG environment variable.
+Library code reads no flags: scripts pass flag values to `resolve_cluster`, which
+falls back to the TF_CONFIG environment variable, then to Slurm's.
 """
 
 import numbers
@@ -19,6 +19,7 @@ from typing import Dict, Tuple
 import tensorflow as tf
 
 from towerlib.exchange.group import WorkerGroup
+from towerlib.cluster import slurm
 
 PS_JOB = "ps"
 WORKER_JOB = "worker"
@@ -247,15 +248,24 @@ def cluster_from_tf_config(tf_config):
 
 def resolve_cluster(ps_hosts="", worker_hosts="", job_name="", task_index=0,
                     environ=None):
-    """The cluster from flag values, else from TF_CONFIG; None on one machine.
+    """The cluster this process belongs to; None on one machine.
+
+    Read in this order, the first that describes a cluster wins:
+      1. the flag values (--ps_hosts, --worker_hosts, --job_name, --task_index);
+      2. TF_CONFIG (Kubeflow's TFJob, Ray Train, towerlib.launch write it);
+      3. a Slurm job step (srun's SLURM_* variables, through TensorFlow's
+         SlurmClusterResolver: one task per worker; towerlib.cluster.slurm).
 
     Args:
       ps_hosts, worker_hosts, job_name, task_index: the flag values.
-      environ: the environment to read TF_CONFIG from (default os.environ).
+      environ: the environment to read TF_CONFIG and SLURM_PROCID from (default
+        os.environ; TensorFlow's resolver reads the other Slurm variables from
+        os.environ).
 
     Raises:
       ValueError: when both the flags and TF_CONFIG describe a cluster (which
-        one is meant would be a guess), or either is malformed.
+        one is meant would be a guess), or the description that wins is
+        malformed (the message names the flag or variable).
     """
     environ = os.environ if environ is None else environ
     from_flags = cluster_from_flags(ps_hosts, worker_hosts, job_name, task_index)
@@ -264,4 +274,8 @@ def resolve_cluster(ps_hosts="", worker_hosts="", job_name="", task_index=0,
         raise ValueError(
             "Both the cluster flags and TF_CONFIG describe a cluster. Use one: "
             "unset TF_CONFIG, or leave --ps_hosts/--worker_hosts/--job_name empty.")
-    return from_flags if from_flags is not None else from_env
+    if from_flags is not None or from_env is not None:
+        return from_flags if from_flags is not None else from_env
+    if slurm.in_slurm_step(environ):
+        return _validated(*slurm.cluster_from_slurm(), "Slurm")
+    return None

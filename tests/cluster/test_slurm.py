@@ -1,0 +1,77 @@
+"""A Slurm job step's environment (as srun sets it) is the cluster."""
+
+import pytest
+
+from towerlib import cluster as cluster_lib
+
+# What srun sets for task 1 of `srun -N 2 --ntasks-per-node=2` on nodes gpu7, gpu8.
+SRUN_2X2 = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4",
+            "SLURM_STEP_NODELIST": "gpu[7-8]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            "TOWERLIB_SLURM_PORT_BASE": "23456"}
+
+
+@pytest.fixture
+def slurm_env(monkeypatch):
+    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")     # no nvidia-smi: a CPU node
+
+    def set_env(values):
+        for name, value in values.items():
+            monkeypatch.setenv(name, value)
+    return set_env
+
+
+def test_srun_tasks_are_the_workers_in_node_order(slurm_env):
+    slurm_env(SRUN_2X2)
+    cluster = cluster_lib.resolve_cluster()
+    assert cluster.jobs == {"worker": ("gpu7:23456", "gpu7:23457", "gpu8:23456",
+                                       "gpu8:23457")}
+    assert (cluster.job_name, cluster.task_index, cluster.is_chief) == ("worker", 1, False)
+    assert cluster.num_ps == 0 and cluster.num_replicas == 4
+
+
+def test_task_0_is_the_chief_and_the_default_port_base_is_8888(slurm_env):
+    slurm_env({**SRUN_2X2, "SLURM_PROCID": "0", "TOWERLIB_SLURM_PORT_BASE": ""})
+    cluster = cluster_lib.resolve_cluster()
+    assert cluster.is_chief and cluster.jobs["worker"][0] == "gpu7:8888"
+
+
+def test_flags_and_tf_config_come_before_slurm(slurm_env, monkeypatch):
+    slurm_env(SRUN_2X2)
+    from_flags = cluster_lib.resolve_cluster(
+        worker_hosts="127.0.0.1:5000,127.0.0.1:5001", job_name="worker", task_index=0)
+    assert from_flags.jobs == {"worker": ("127.0.0.1:5000", "127.0.0.1:5001")}
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2"]}, '
+                       '"task": {"type": "worker", "index": 1}}')
+    assert cluster_lib.resolve_cluster().jobs == {"worker": ("a:1", "b:2")}
+
+
+def test_a_single_task_step_is_one_machine(slurm_env):
+    slurm_env({**SRUN_2X2, "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1",
+               "SLURM_STEP_TASKS_PER_NODE": "1", "SLURM_STEP_NODELIST": "gpu7"})
+    assert cluster_lib.resolve_cluster() is None
+
+
+def test_bound_gpus_are_kept(slurm_env, monkeypatch):
+    slurm_env(SRUN_2X2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    cluster_lib.resolve_cluster()
+    import os
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"SLURM_STEP_NODELIST": None}, "SLURM_STEP_NODELIST not set"),
+    ({"SLURM_STEP_NUM_TASKS": "four"}, "SLURM_STEP_NUM_TASKS='four'"),
+    ({"SLURM_PROCID": "x"}, "SLURM_PROCID='x'"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(x2)"}, "SLURM_STEP_TASKS_PER_NODE='1(x2)'"),
+    ({"TOWERLIB_SLURM_PORT_BASE": "70000"}, "TOWERLIB_SLURM_PORT_BASE='70000'"),
+])
+def test_a_wrong_or_partial_environment_is_one_line_naming_the_variable(
+        slurm_env, monkeypatch, change, named):
+    slurm_env({name: value for name, value in {**SRUN_2X2, **change}.items()
+               if value is not None})
+    with pytest.raises(ValueError) as raised:
+        cluster_lib.resolve_cluster()
+    assert named in str(raised.value) and "\n" not in str(raised.value)

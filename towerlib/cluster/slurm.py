@@ -1,0 +1,88 @@
+"""The cluster of a Slurm job step, as `srun` describes it in the environment.
+
+`srun -N 2 --ntasks-per-node=1 python train.py` starts one task per worker; each
+finds its place in SLURM_PROCID (its rank), SLURM_STEP_NUM_TASKS,
+SLURM_STEP_NODELIST ('node[1-2]') and SLURM_STEP_TASKS_PER_NODE ('1(x2)').
+TensorFlow's `tf.distribute.cluster_resolver.SlurmClusterResolver` turns them
+into a ClusterSpec: hosts in sorted order, ports port_base, port_base + 1, ...
+for the tasks of one node. Every task is a 'worker' (all-reduce; worker 0 is
+the chief); the towers are the task's own devices.
+
+GPUs: when Slurm has already bound devices to the task (CUDA_VISIBLE_DEVICES is
+set) towerlib keeps them; when the node has GPUs and nothing is bound,
+the resolver splits them evenly between the node's tasks (it sets
+CUDA_VISIBLE_DEVICES before TensorFlow first looks at the devices); on a CPU
+node there is nothing to split.
+"""
+
+import os
+import shutil
+
+import tensorflow as tf
+
+PORT_BASE_VARIABLE = "TOWERLIB_SLURM_PORT_BASE"
+DEFAULT_PORT_BASE = 8888
+# The variables srun sets for each task of a job step, that the resolver reads.
+REQUIRED = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
+            "SLURM_STEP_TASKS_PER_NODE")
+
+
+def in_slurm_step(environ=None):
+    """Whether this process is one of several tasks of a Slurm job step.
+
+    A step of one task (a batch script, `srun -n 1`) is one machine: no cluster.
+    """
+    environ = os.environ if environ is None else environ
+    return "SLURM_PROCID" in environ and environ.get("SLURM_STEP_NUM_TASKS", "2") != "1"
+
+
+def _port_base(environ):
+    text = environ.get(PORT_BASE_VARIABLE, "")
+    if not text:
+        return DEFAULT_PORT_BASE
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ValueError(f"{PORT_BASE_VARIABLE}={text!r}: give the first port of each "
+                         "node's tasks, an integer in 1..65535.")
+    return int(text)
+
+
+def _gpu_options(num_tasks, environ):
+    """The resolver's GPU arguments: split the node's GPUs only if none are bound."""
+    if "CUDA_VISIBLE_DEVICES" not in environ and shutil.which("nvidia-smi"):
+        return {}
+    # Nothing to split (a CPU node) or already split by Slurm: an allocation the
+    # resolver computes and never applies (one pretend device per task).
+    return {"gpus_per_node": num_tasks, "gpus_per_task": 1, "auto_set_gpu": False}
+
+
+def cluster_from_slurm():
+    """The (jobs, job_name, task_index) of this Slurm task, read from os.environ.
+
+    TensorFlow's resolver reads os.environ itself, so this does too.
+
+    Raises:
+      ValueError: naming the Slurm variable that is missing or malformed.
+    """
+    environ = os.environ
+    missing = [name for name in REQUIRED if name not in environ]
+    if missing:
+        raise ValueError(
+            f"Slurm: {', '.join(missing)} not set, though SLURM_PROCID is. Start each "
+            "task with srun inside the allocation (srun sets them for a job step), "
+            "or describe the cluster with TF_CONFIG or --worker_hosts instead.")
+    num_tasks = environ["SLURM_STEP_NUM_TASKS"]
+    if not num_tasks.isdigit() or int(num_tasks) < 1:
+        raise ValueError(f"Slurm: SLURM_STEP_NUM_TASKS={num_tasks!r} is not a task count.")
+    try:
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=_port_base(environ), **_gpu_options(int(num_tasks), environ))
+        spec = resolver.cluster_spec().as_dict()
+    except (RuntimeError, ValueError, IndexError) as error:
+        raise ValueError(
+            f"Slurm: the job step's variables do not describe a cluster ({error}): "
+            f"SLURM_PROCID={environ['SLURM_PROCID']!r}, SLURM_STEP_NUM_TASKS={num_tasks!r}, "
+            f"SLURM_STEP_NODELIST={environ['SLURM_STEP_NODELIST']!r}, "
+            f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']!r}.") from None
+    job_name, task_index = resolver.get_task_info()
+    jobs = {job: tuple(hosts) for job, hosts in spec.items()}
+    return jobs, job_name, task_index
