@@ -30,7 +30,6 @@ of those rows, so any cluster layout sees the same global batch per step.
 """
 
 import os
-import sys
 import time
 
 # TensorFlow's C++ log level, set before TensorFlow loads, as the CIFAR-10 example does
@@ -198,35 +197,44 @@ def cluster_mismatch(cluster):
     return None
 
 
-def main(argv):
-    del argv
-    cluster = cluster_lib.resolve_cluster(
-        FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)
+def task_name(cluster):
+    """How the error line names this process: 'worker 1', 'ps 0' or 'one machine'."""
+    if cluster is None:
+        return "one machine"
+    return f"{cluster.job_name} {cluster.task_index}"
+
+
+def run_task(cluster):
+    """This process's whole work: one machine, a ps task or a training replica."""
     mismatch = cluster_mismatch(cluster) if cluster is not None else None
     if mismatch:
         # Every task refuses, the ps too: it would wait for workers that never come.
-        sys.stderr.write(f"error: {mismatch}\n")
-        sys.exit(2)
-    if cluster is None:
-        step, loss = train_one_machine()
-    elif cluster.is_ps:
-        try:
-            cluster_lib.run_parameter_server(cluster,
-                                             timeout_secs=FLAGS.ps_timeout_secs or None)
-        except (cluster_lib.ReplicaLostError, cluster_lib.AddressError) as error:
-            sys.stderr.write(f"error: {type(error).__name__}: {error}\n")
-            sys.exit(2)
+        raise ValueError(mismatch)
+    if cluster is not None and cluster.is_ps:
+        cluster_lib.run_parameter_server(cluster,
+                                         timeout_secs=FLAGS.ps_timeout_secs or None)
         print(f"ps task {cluster.task_index}: every worker is done, exiting.", flush=True)
         return
-    else:
-        try:
-            step, loss = train_replica(cluster)
-        except (cluster_lib.PsUnavailableError, cluster_lib.ReplicaLostError,
-                cluster_lib.AddressError, TimeoutError) as error:
-            # The message names the task and how to restart it: one line, no traceback.
-            sys.stderr.write(f"error: {type(error).__name__}: {error}\n")
-            sys.exit(2)
-    print(f"finished: global_step={step} loss={loss:.6f}", flush=True)
+    result = train_one_machine() if cluster is None else train_replica(cluster)
+    step, loss = result
+    print(f"finished: global_step={step} loss="
+          f"{'none' if loss is None else format(loss, '.6f')}", flush=True)
+    return result   # a stop signal in it is the exit status
+
+
+def main(argv):
+    """Exits by meaning (towerlib.cluster.exits): 0 done, 2 a mistake in the flags or
+    the cluster, 138 a lost task (restart every task), 128 + s a stop signal."""
+    del argv
+    cluster = None
+
+    def resolved_then_run():
+        nonlocal cluster
+        cluster = cluster_lib.resolve_cluster(
+            FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)
+        run_task(cluster)
+
+    cluster_lib.exit_by_meaning(resolved_then_run, task=lambda: task_name(cluster))
 
 
 if __name__ == "__main__":

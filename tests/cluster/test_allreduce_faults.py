@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from tests.distributed_processes import ProcessGroup, free_ports
+from towerlib.cluster.exits import RETRYABLE
 
 PROCESS_BUDGET_SECS = 100
 DEADLINE_SECS = 8
@@ -52,7 +53,7 @@ def one_error_line(text):
 @pytest.mark.parametrize("fault", ["kill", "sigstop"])
 def test_a_lost_worker_stops_the_other_within_the_deadline(processes, tmp_path, fault):
     """Killed: the peer's step fails at once. Stopped: at the step deadline. Either
-    way one line naming what happened and to restart every worker, status 2."""
+    way one line naming what happened and to restart every worker, status 138."""
     flags = worker_flags(tmp_path / "train", 500, ["--sleep_secs_per_step=0.1"])
     start_workers(processes, flags)
     processes.wait_for_log("worker0", r"step [5-9], loss", 60)
@@ -62,7 +63,7 @@ def test_a_lost_worker_stops_the_other_within_the_deadline(processes, tmp_path, 
         processes.signal("worker1", signal.SIGSTOP)
     lost_at = time.monotonic()
     bound = DEADLINE_SECS + 10
-    assert processes.wait("worker0", bound) == 2, processes.describe("worker0")
+    assert processes.wait("worker0", bound) == RETRYABLE, processes.describe("worker0")
     assert time.monotonic() - lost_at < bound
     line = one_error_line(processes.log_text("worker0"))
     assert "WorkerLostError" in line and "restart every worker" in line
@@ -76,7 +77,7 @@ def test_a_lost_worker_stops_the_other_within_the_deadline(processes, tmp_path, 
 def test_a_worker_that_never_starts_is_named(processes, tmp_path):
     flags = worker_flags(tmp_path / "train", 20, ["--startup_timeout_secs=4"])
     start_workers(processes, flags, tasks=(0,))
-    assert processes.wait("worker0", 40) == 2, processes.describe("worker0")
+    assert processes.wait("worker0", 40) == RETRYABLE, processes.describe("worker0")
     line = one_error_line(processes.log_text("worker0"))
     assert "worker task 1" in line and "did not start within 4 s" in line
 
@@ -97,7 +98,7 @@ def test_a_restarted_job_ends_bit_identical_to_an_uninterrupted_one(processes, t
                            (tmp_path / "cut" / "worker_1" / "model.ckpt-8.index").exists())
     processes.wait_for(both_have_8, "checkpoint 8 on both workers", 60, watched="worker0_cut")
     processes.kill("worker1_cut")
-    assert processes.wait("worker0_cut", DEADLINE_SECS + 10) == 2
+    assert processes.wait("worker0_cut", DEADLINE_SECS + 10) == RETRYABLE
     for name in ("worker0", "worker1"):
         assert processes.wait(name, 80) == 0, processes.describe(name)
     restart = worker_flags(tmp_path / "cut", 20, steps)

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.distributed_processes import free_ports
+from towerlib.cluster.exits import RETRYABLE
 
 STEP_LOG = re.compile(r"step (\d+), loss = ([0-9.]+)")
 RESTORED = re.compile(r"Restoring parameters from (\S+)")
@@ -112,7 +113,7 @@ def test_ps_gone_for_good_workers_stop_within_their_bound(processes, tmp_path):
     bound = PS_RESTART_TIMEOUT_SECS + 3 + 3 + 10
     for name in ("worker0", "worker1"):
         code = processes.wait(name, bound - (time.monotonic() - killed_at))
-        assert code != 0, processes.describe(name)
+        assert code == RETRYABLE, processes.describe(name)
         log = processes.log_text(name)
         assert re.search(
             rf"PsUnavailableError: Replica {name[-1]} lost its connection to ps task 0 "
@@ -141,7 +142,7 @@ def test_a_worker_lost_for_good_stops_the_chief_and_the_ps_within_the_deadline(
     bound = deadline + 3 + 3 + 10  # the step's deadline, the session's close, exit
     for name in ("worker0", "ps"):
         code = processes.wait(name, bound - (time.monotonic() - lost_at))
-        assert code == 2, processes.describe(name)
+        assert code == RETRYABLE, processes.describe(name)
     assert time.monotonic() - lost_at < bound
     chief = processes.log_text("worker0")
     assert "waiting" in chief and "for the other replicas" in chief

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests.distributed_processes import free_ports
+from towerlib.cluster.exits import RETRYABLE
 
 GLOBAL_BATCH = 16
 TOWERS_PER_WORKER = 2
@@ -189,10 +190,10 @@ def test_missing_tasks_make_the_others_give_up_with_clear_errors(processes, tmp_
     processes.start("lonely_chief",
                     worker_flags(lonely_flags, 0) + ["--startup_timeout_secs=2"])
 
-    assert processes.wait("worker1", 60) != 0
+    assert processes.wait("worker1", 60) == RETRYABLE
     assert "The chief has not initialized the model after" in processes.log_text("worker1")
-    assert processes.wait("ps", 60) != 0
+    assert processes.wait("ps", 60) == RETRYABLE
     assert "only 0 of 2 replicas finished within 4.0 s" in processes.log_text("ps")
-    assert processes.wait("lonely_chief", 60) != 0
+    assert processes.wait("lonely_chief", 60) == RETRYABLE
     assert re.search(r"ps task 0 at 127\.0\.0\.1:\d+ did not answer within 2 s",
                      processes.log_text("lonely_chief")), processes.describe("lonely_chief")

@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import logging
 import os
+import time
 from typing import Any, Tuple
 
 import numpy as np
@@ -207,13 +208,28 @@ class _OneSessionOnly(tf.compat.v1.train.SessionCreator):
 
     def create_session(self):
         if self._created:
-            raise WorkerLostError(_lost_message(self._cluster, None, "a step failed"))
+            raise WorkerLostError(_lost_message(self._cluster, None, "its step failed"))
         self._created = True
         return self._creator.create_session()
 
 
+def _gone_workers(cluster, settle_secs=3.0, poll_secs=0.25):
+    """The workers refusing connections, polled for a few seconds while there is none.
+
+    A collective fails the moment a peer's connection drops, which can be before
+    that peer's port is closed (a killed process is still exiting): naming it
+    then needs a short wait, not a single look.
+    """
+    deadline = time.monotonic() + settle_secs
+    while True:
+        gone = replica_watch.unreachable_workers(cluster)
+        if gone or time.monotonic() >= deadline:
+            return gone
+        time.sleep(poll_secs)
+
+
 def _lost_message(cluster, deadline_secs, what):
-    gone = replica_watch.unreachable_workers(cluster)
+    gone = _gone_workers(cluster)
     if gone:
         cause = ", ".join(f"{task} ({address})" for task, address in gone.items()) + (
             " no longer accepts connections" if len(gone) == 1 else

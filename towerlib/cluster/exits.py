@@ -101,7 +101,12 @@ def failure_line(error, task, status, detail=""):
 
 
 def exit_by_meaning(main, task="this task", stderr=None):
-    """Runs main(); exits 0 when it returns, else with exit_status of what it raised.
+    """Runs main(); exits with the status of how it ended (see the module's table).
+
+    main returning is status 0, unless it returns run_training's result with a
+    stop_signal (a SIGTERM stopped training cleanly): then 128 + that signal,
+    so a scheduler that sent it sees a stop, not a finished job. main raising
+    is exit_status(error).
 
     One line on stderr (failure_line, ending with where the traceback went) for the
     statuses of the module's table; any other error is raised on unchanged
@@ -109,22 +114,33 @@ def exit_by_meaning(main, task="this task", stderr=None):
 
     Args:
       main: a function of no arguments, the task's whole work.
-      task: how the line names this task ("worker 1", "ps 0").
+      task: how the line names this task ("worker 1", "ps 0"), or a function
+        returning it when main failed (the task may be known only once main
+        has read the cluster).
       stderr: where the line goes (default sys.stderr).
     """
     stderr = stderr or sys.stderr
     try:
-        main()
+        result = main()
     except (Exception, KeyboardInterrupt, stopping.StopSignalReceived) as error:
         status = exit_status(error)
         if status == 1:
             raise
+        task = task() if callable(task) else task
         if os.environ.get(DEBUG_VARIABLE) == "1":
             traceback.print_exception(type(error), error, error.__traceback__, file=stderr)
             stderr.write(failure_line(error, task, status) + "\n")
         else:
             stderr.write(failure_line(error, task, status,
                                       f"traceback: {_write_traceback(error, task)}") + "\n")
+        stderr.flush()
+        sys.exit(status)
+    stop_signal = getattr(result, "stop_signal", None)   # run_training's TrainingResult
+    if stop_signal:
+        task = task() if callable(task) else task
+        status = for_signal(signal.Signals[stop_signal])
+        stderr.write(f"{task}: stopped by {stop_signal} at step {result.global_step} "
+                     f"(checkpoint {result.checkpoint}) [exit {status}]\n")
         stderr.flush()
         sys.exit(status)
     sys.exit(0)
