@@ -58,6 +58,7 @@ from towerlib.run import hooks
 from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.run.data_position import DataPositionError, saved_position_iterator
 from towerlib.run.determinism import seed_everything
+from towerlib.run.evaluation_loop import Evaluation
 from towerlib.precision.guards import NonFiniteError, guard_numerics
 from towerlib.run.hooks import StepLogger
 from towerlib.run.trainer import TrainingResult, run_training
@@ -74,7 +75,7 @@ __all__ = [
     "BFloat16", "ClipByGlobalNorm", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
     "ParameterServer", "Replicated", "WorkerGroup",
     # Building and running the training step.
-    "BN_MODES", "BnMode", "EvalGraph", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
+    "BN_MODES", "BnMode", "EvalGraph", "Evaluation", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
     "batch_norm", "build_eval_graph", "build_towers", "build_train_graph", "ema_restore_map",
     "pooled_statistics", "run_training", "session_config", "split_global_batch",

@@ -74,7 +74,7 @@ class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
         self.num_replicas = num_replicas
         self.is_chief = is_chief
         self.variable_averages = variable_averages
-        self.wrapped_optimizer = optimizer  # towerlib.run.guards.guards_in looks inside
+        self.wrapped_optimizer = optimizer  # towerlib.precision.guards.guards_in looks inside
         self.replica_step_op = None
         self.aggregation_op = None
 

@@ -6,12 +6,12 @@ The package, one job per module:
 
   trainer.py           run_training: the MonitoredSession loop and its hooks
   hooks.py             the SessionRunHooks around a step (logging, checks, saving)
+  evaluation_loop.py   Evaluation: evaluate every N steps, keep the best, stop early
   checkpoints.py       crash-safe checkpoints, restored from the newest complete one
   checkpoint_state.py  what a checkpoint is on disk: files, completeness, state file
   checkpoint_fit.py    a checkpoint of other shapes or dtypes refused before a session
   sessions.py          the chief's restoring sessions; recreation bounded
   durable_files.py     fsync, atomic rename and atomic text files
-  guards.py            guard_numerics: a non-finite loss stops before the update
   stopping.py          SIGINT/SIGTERM finish the step, save and stop
   data_position.py     the input pipeline's position saved in every checkpoint
   determinism.py       seed_everything: a seeded run repeats

@@ -15,12 +15,14 @@ place of TensorFlow's where a fault would cost work:
 """
 
 import collections
+import dataclasses
 import logging
 
 import tensorflow as tf
 
 from towerlib.run import checkpoint_fit
 from towerlib.run import checkpoints
+from towerlib.run import evaluation_loop
 from towerlib.run import folder_lock
 from towerlib.precision import guards
 from towerlib.run import hooks as hooks_lib
@@ -67,10 +69,14 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
       loss: the loss of that step (None if no step ran).
       stop_signal: 'SIGINT' or 'SIGTERM' when a signal stopped training, else None.
       checkpoint: the prefix of the newest checkpoint written, or None.
+      stopped_early_at: the global step early stopping ended the run at, or None.
+      evaluation: the last evaluation's {metric: value} in this run, or None.
     """
 
     stop_signal = None
     checkpoint = None
+    stopped_early_at = None
+    evaluation = None
 
 
 def examples_per_step_of(train_graph):
@@ -109,7 +115,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  max_checkpoints_to_keep=5,
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
                  collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS,
-                 session_creator_wrapper=None, trace_steps=(), restore_from="newest"):
+                 session_creator_wrapper=None, trace_steps=(), restore_from="newest",
+                 evaluation=None):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     Args:
@@ -154,6 +161,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       restore_from: 'newest' (the newest complete checkpoint in train_dir),
         a checkpoint prefix, or None to start afresh; across workers every
         worker restores the step they agreed on (towerlib.cluster.allreduce).
+      evaluation: a towerlib.Evaluation: evaluate every N steps, keep the
+        best weights in train_dir/best, stop early (towerlib.run.evaluation_loop).
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -175,156 +184,260 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
         is_chief=is_chief, session_config=session_config,
         devices=train_graph.devices)
+    _check_evaluation(evaluation, train_graph)
     if save_checkpoint_steps is None and save_checkpoint_secs is None:
         save_checkpoint_steps = 1000
     _ensure_log_output()
     train_dir = str(train_dir)
     graph = train_graph.train_op.graph
     scaffold = scaffold or tf.compat.v1.train.Scaffold()
-    options = dict(locals())
+    loop = _Loop(
+        train_graph, graph, train_dir, max_steps, tuple(hooks), session_config, master,
+        is_chief, log_every_n_steps, save_checkpoint_steps, save_checkpoint_secs,
+        save_summaries_steps, examples_per_step, scaffold, max_checkpoints_to_keep,
+        stop_on_signals, collective_timeout_secs, session_creator_wrapper, trace_steps,
+        restore_from, evaluation)  # in _Loop's field order, which is run_training's
     held = None
     if is_chief:  # the one writer of train_dir: one trainer at a time
         tf.io.gfile.makedirs(train_dir)
         held = folder_lock.hold(train_dir)
     try:
-        return _run(**options)
+        return _run(loop)
     finally:
         if held is not None:
             held.release()
 
 
-def _run(train_graph, graph, train_dir, max_steps, hooks, session_config, master,
-         is_chief, log_every_n_steps, save_checkpoint_steps, save_checkpoint_secs,
-         save_summaries_steps, examples_per_step, scaffold, max_checkpoints_to_keep,
-         stop_on_signals, collective_timeout_secs, session_creator_wrapper,
-         trace_steps, restore_from):
-    """run_training once its options are checked and train_dir is held."""
-    if is_chief:
-        if restore_from == "newest":
-            restore_from = checkpoints.prepare_restore(train_dir)
-        elif restore_from is not None:
-            logger.info("Restoring %s.", restore_from)
-        with graph.as_default():  # before any session: a misfit loops or trains wrong
-            checkpoint_fit.check_fits_graph(restore_from, scaffold.saver)
-    else:
-        restore_from = None
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+    """run_training's arguments once checked (see run_training for each)."""
+    train_graph: object
+    graph: tf.Graph
+    train_dir: str
+    max_steps: int
+    hooks: tuple
+    session_config: object
+    master: str
+    is_chief: bool
+    log_every_n_steps: int
+    save_checkpoint_steps: object
+    save_checkpoint_secs: object
+    save_summaries_steps: object
+    examples_per_step: object
+    scaffold: object
+    max_checkpoints_to_keep: int
+    stop_on_signals: tuple
+    collective_timeout_secs: float
+    session_creator_wrapper: object
+    trace_steps: tuple
+    restore_from: object
+    evaluation: object
 
-    # Built before the session finalizes the graph.
+
+def _check_evaluation(evaluation, train_graph):
+    if evaluation is None:
+        return
+    if not isinstance(evaluation, evaluation_loop.Evaluation):
+        raise TypeError(f"evaluation must be a towerlib.Evaluation, got "
+                        f"{type(evaluation).__name__}.")
+    if evaluation.eval_graph.update_op.graph is not train_graph.train_op.graph:
+        raise ValueError(
+            "evaluation was built in another graph than the training step. Fix: build "
+            "build_eval_graph(..., reuse_variables=True) and the Evaluation in the "
+            "training graph, after build_train_graph.")
+
+
+@dataclasses.dataclass
+class _Hooks:
+    """The hooks of one run, and the ones the loop reads afterwards."""
+    all: list
+    step_logger: hooks_lib.StepLogger
+    session_keeper: hooks_lib.SessionKeeper
+    signal_hook: object        # stopping.SignalStopHook or None
+    checkpoint_hook: object    # hooks_lib.CrashSafeSaverHook on the chief, else None
+    session_config: object     # the caller's, bounded when collectives can wait
+    evaluation_hook: object    # evaluation_loop.EvaluationHook or None
+
+    def last_checkpoint(self):
+        return self.checkpoint_hook.last_saved if self.checkpoint_hook else None
+
+    def stop_signal(self):
+        return None if self.signal_hook is None else self.signal_hook.received
+
+
+def _run(loop):
+    """run_training once its options are checked and train_dir is held."""
+    restore_from = _restore_point(loop)
+    run_hooks = _build_hooks(loop)
+    creator = _session_creator(loop.scaffold, loop.master, run_hooks.session_config,
+                               loop.is_chief, loop.train_dir, restore_from,
+                               run_hooks.signal_hook)
+    run_hooks.all.append(creator.progress_hook)
+    if loop.session_creator_wrapper is not None:
+        creator = loop.session_creator_wrapper(creator)
+    try:
+        start_step = _train(loop, run_hooks, creator)
+    except stopping.StopSignalReceived:
+        start_step = None  # while no step could finish: no final checkpoint
+    finally:
+        if run_hooks.signal_hook is not None:
+            run_hooks.signal_hook.uninstall()
+    if start_step is None:  # stopped before the first session existed
+        start_step = checkpoints.checkpoint_step(
+            run_hooks.last_checkpoint() or restore_from or "") or 0
+    return _result(loop, run_hooks, start_step)
+
+
+def _restore_point(loop):
+    """The checkpoint the chief restores (None: start afresh), checked to fit the graph."""
+    if not loop.is_chief:
+        return None
+    restore_from = loop.restore_from
+    if restore_from == "newest":
+        restore_from = checkpoints.prepare_restore(loop.train_dir)
+    elif restore_from is not None:
+        logger.info("Restoring %s.", restore_from)
+    with loop.graph.as_default():  # before any session: a misfit loops or trains wrong
+        checkpoint_fit.check_fits_graph(restore_from, loop.scaffold.saver)
+    return restore_from
+
+
+def _build_hooks(loop):
+    """Every hook of the run, in order; built before the session finalizes the graph."""
+    train_graph, graph = loop.train_graph, loop.graph
     step_after = step_after_update(train_graph)
-    if examples_per_step is None:
-        examples_per_step = examples_per_step_of(train_graph)
     summary_writer = None
-    if is_chief and save_summaries_steps:
+    if loop.is_chief and loop.save_summaries_steps:
         with graph.as_default():  # the caller may be outside it (eager by default)
-            summary_writer = tf.compat.v1.summary.FileWriterCache.get(train_dir)
-    step_logger = hooks_lib.StepLogger(train_graph.loss, train_graph.global_step,
-                                       log_every_n_steps, examples_per_step,
-                                       step_after_update=step_after,
-                                       loss_scale=train_graph.loss_scale,
-                                       summary_writer=summary_writer)
-    numerics_guards = list(train_graph.numerics_guards)
+            summary_writer = tf.compat.v1.summary.FileWriterCache.get(loop.train_dir)
+    step_logger = hooks_lib.StepLogger(
+        train_graph.loss, train_graph.global_step, loop.log_every_n_steps,
+        loop.examples_per_step if loop.examples_per_step is not None
+        else examples_per_step_of(train_graph),
+        step_after_update=step_after, loss_scale=train_graph.loss_scale,
+        summary_writer=summary_writer)
     session_keeper = hooks_lib.SessionKeeper()
-    all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
+    all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=loop.max_steps),
                  step_logger, session_keeper]
-    uses_collectives = exchange_safety.has_towerlib_collectives(graph)
-    if uses_collectives:
+    session_config = loop.session_config
+    if exchange_safety.has_towerlib_collectives(graph):
         # Sync batch norm: refuse a partial fetch, bound a step that waits.
         all_hooks.append(hooks_lib.CollectiveFetchCheckHook())
         if not (session_config and session_config.operation_timeout_in_ms):
             session_config = exchange_safety.bounded_session_config(
-                session_config, collective_timeout_secs)
-    if not numerics_guards:
-        all_hooks.append(hooks_lib.NonFiniteLossHook(
+                session_config, loop.collective_timeout_secs)
+    all_hooks.extend(_check_hooks(train_graph, step_after))
+    all_hooks.extend(loop.hooks)
+    evaluation_hook = None
+    if loop.evaluation is not None:  # before the checkpoint: its state is saved with it
+        evaluation_hook = evaluation_loop.EvaluationHook(
+            loop.evaluation, step_after, loop.train_dir if loop.is_chief else None,
+            loop.scaffold, summary_writer)
+        all_hooks.append(evaluation_hook)
+    if loop.trace_steps and loop.is_chief:
+        all_hooks.append(trace.TraceHook(loop.trace_steps, loop.train_dir,
+                                         global_step=train_graph.global_step,
+                                         tower_devices=train_graph.devices))
+    signal_hook = (stopping.SignalStopHook(loop.stop_on_signals)
+                   if loop.stop_on_signals else None)
+    if signal_hook is not None:
+        all_hooks.append(signal_hook)
+    checkpoint_hook = None
+    if loop.is_chief:
+        if summary_writer is not None:
+            summary_writer.add_graph(graph)
+            all_hooks.append(hooks_lib.StepSummaryHook(
+                loop.scaffold, summary_writer, loop.save_summaries_steps, loop.max_steps,
+                step_after))
+        # Last: every check of a step runs before that step can be saved.
+        checkpoint_hook = hooks_lib.CrashSafeSaverHook(
+            loop.train_dir, loop.scaffold, save_steps=loop.save_checkpoint_steps,
+            save_secs=loop.save_checkpoint_secs,
+            max_to_keep=loop.max_checkpoints_to_keep)
+        all_hooks.append(checkpoint_hook)
+    return _Hooks(all_hooks, step_logger, session_keeper, signal_hook, checkpoint_hook,
+                  session_config, evaluation_hook)
+
+
+def _check_hooks(train_graph, step_after):
+    """The hooks that stop a non-finite step: its loss, or float16's floor."""
+    checks = []
+    if not train_graph.numerics_guards:
+        checks.append(hooks_lib.NonFiniteLossHook(
             train_graph.tower_losses, step_after, train_graph.devices))
     if train_graph.broadcast_op is not None:
         # Across workers a NaN in one worker's data reaches every worker's update
         # through the all-reduce, while its towers look fine elsewhere: every
         # worker checks the global batch's loss, which all of them share.
-        all_hooks.append(hooks_lib.NonFiniteLossHook(
+        checks.append(hooks_lib.NonFiniteLossHook(
             [train_graph.loss], step_after,
             names=["the loss of the global batch over every worker"]))
     if train_graph.loss_scale is not None:
         # float16: a run whose loss scale is at its floor and still overflows stops.
         # Three in a row: a fixed scale's next batch may well fit.
-        all_hooks.append(hooks_lib.LossScaleFloorHook(
+        checks.append(hooks_lib.LossScaleFloorHook(
             train_graph.loss_scale, overflows_in_a_row=3,
             global_step=train_graph.global_step))
-    all_hooks.extend(hooks)
-    if trace_steps and is_chief:
-        all_hooks.append(trace.TraceHook(trace_steps, train_dir,
-                                         global_step=train_graph.global_step,
-                                         tower_devices=train_graph.devices))
-    signal_hook = stopping.SignalStopHook(stop_on_signals) if stop_on_signals else None
-    if signal_hook is not None:
-        all_hooks.append(signal_hook)
-    checkpoint_hook = None
-    if is_chief:
-        if summary_writer is not None:
-            summary_writer.add_graph(graph)
-            all_hooks.append(hooks_lib.StepSummaryHook(
-                scaffold, summary_writer, save_summaries_steps, max_steps, step_after))
-        # Last: every check of a step runs before that step can be saved.
-        checkpoint_hook = hooks_lib.CrashSafeSaverHook(
-            train_dir, scaffold, save_steps=save_checkpoint_steps,
-            save_secs=save_checkpoint_secs, max_to_keep=max_checkpoints_to_keep)
-        all_hooks.append(checkpoint_hook)
+    return checks
 
-    session_creator = _session_creator(scaffold, master, session_config, is_chief,
-                                       train_dir, restore_from, signal_hook)
-    all_hooks.append(session_creator.progress_hook)
-    if session_creator_wrapper is not None:
-        session_creator = session_creator_wrapper(session_creator)
 
-    def last_checkpoint():
-        return checkpoint_hook.last_saved if checkpoint_hook else None
+def _train(loop, run_hooks, creator):
+    """Runs steps until max_steps or a stop; returns the global step it started at."""
+    train_graph = loop.train_graph
+    with loop.graph.as_default(), exchange_safety.explain_collective_errors(loop.graph), \
+            tf.compat.v1.train.MonitoredSession(session_creator=creator,
+                                                hooks=run_hooks.all) as session:
+        # No hooks run, and a lost ps is recovered as for any step.
+        start_step = int(session.run_step_fn(
+            lambda step_context: step_context.session.run(train_graph.global_step)))
+        if start_step >= loop.max_steps:
+            logger.info("Nothing to train: global step %d is already at or past "
+                        "max_steps=%d (max_steps is the step to stop at).",
+                        start_step, loop.max_steps)
+        while start_step < loop.max_steps and not session.should_stop():
+            _one_step(session, train_graph, run_hooks)
+    return start_step
 
-    start_step = None
+
+def _one_step(session, train_graph, run_hooks):
+    """One training step; a guard's or a data error is raised as towerlib's, named."""
     try:
-        with graph.as_default(), exchange_safety.explain_collective_errors(graph), \
-                tf.compat.v1.train.MonitoredSession(
-                session_creator=session_creator, hooks=all_hooks) as session:
-            # No hooks run, and a lost ps is recovered as for any step.
-            start_step = int(session.run_step_fn(
-                lambda step_context: step_context.session.run(train_graph.global_step)))
-            if start_step >= max_steps:
-                logger.info("Nothing to train: global step %d is already at or past "
-                            "max_steps=%d (max_steps is the step to stop at).",
-                            start_step, max_steps)
-            while start_step < max_steps and not session.should_stop():
-                try:
-                    session.run(train_graph.train_op)
-                except tf.errors.InvalidArgumentError as error:
-                    guard = next((g for g in numerics_guards if g.is_guard_error(error)),
-                                 None)
-                    if guard is None and run_time.explained(error):
-                        raise data_checks.DataError(
-                            f"{run_time.explained(error)} (the step did not run).") from error
-                    if guard is None:
-                        raise
-                    failure = guard.failure(session_keeper.session)
-                    raise failure.with_last_checkpoint(last_checkpoint()) from error
-                except guards.NonFiniteError as error:
-                    raise error.with_last_checkpoint(last_checkpoint()) from None
-    except stopping.StopSignalReceived:
-        pass  # while no step could finish: no final checkpoint (signal_hook.received)
-    finally:
-        if signal_hook is not None:
-            signal_hook.uninstall()
-    if start_step is None:  # stopped before the first session existed
-        start_step = checkpoints.checkpoint_step(last_checkpoint() or restore_from or "") or 0
-    stopped_by_signal = signal_hook is not None and signal_hook.received is not None
-    if step_logger.last_step is None and start_step < max_steps and not stopped_by_signal:
+        session.run(train_graph.train_op)
+    except tf.errors.InvalidArgumentError as error:
+        guard = next((g for g in train_graph.numerics_guards if g.is_guard_error(error)),
+                     None)
+        if guard is None and run_time.explained(error):
+            raise data_checks.DataError(
+                f"{run_time.explained(error)} (the step did not run).") from error
+        if guard is None:
+            raise
+        failure = guard.failure(run_hooks.session_keeper.session)
+        raise failure.with_last_checkpoint(run_hooks.last_checkpoint()) from error
+    except guards.NonFiniteError as error:
+        raise error.with_last_checkpoint(run_hooks.last_checkpoint()) from None
+
+
+def _result(loop, run_hooks, start_step):
+    """The TrainingResult of the run; refuses a run whose input had no batch."""
+    step_logger = run_hooks.step_logger
+    stopped_early_at = (run_hooks.evaluation_hook.stopped_early_at
+                        if run_hooks.evaluation_hook is not None else None)
+    if (step_logger.last_step is None and start_step < loop.max_steps
+            and run_hooks.stop_signal() is None and stopped_early_at is None):
         raise data_checks.DataError(
             f"The input ended before the first step (global step {start_step}, "
-            f"max_steps={max_steps}): check that the dataset yields at least one "
+            f"max_steps={loop.max_steps}): check that the dataset yields at least one "
             "global batch (a filter or take() that leaves nothing, files with no "
             "records, drop_remainder with fewer examples than the batch).")
     result = TrainingResult(
         start_step if step_logger.last_step is None else step_logger.last_step,
         step_logger.last_loss)
-    result.checkpoint = last_checkpoint()
-    if signal_hook is not None and signal_hook.received is not None:
-        result.stop_signal = signal_hook.received_name
+    result.checkpoint = run_hooks.last_checkpoint()
+    result.stopped_early_at = stopped_early_at
+    if run_hooks.evaluation_hook is not None:
+        result.evaluation = run_hooks.evaluation_hook.last_values
+    if run_hooks.stop_signal() is not None:
+        result.stop_signal = run_hooks.signal_hook.received_name
         logger.warning("Training stopped by %s at step %s; checkpoint %s.",
                        result.stop_signal, result.global_step, result.checkpoint)
     return result

@@ -1,0 +1,257 @@
+"""Evaluation between training steps: the metric logged, the best kept, early stopping.
+
+    evaluation = towerlib.Evaluation(
+        towerlib.build_eval_graph(correct_fn, test_batches.get_next(), num_towers=2,
+                                  reuse_variables=True),
+        every_n_steps=500, metric="correct", initializer=test_batches.initializer,
+        patience=4, min_delta=0.001)
+    towerlib.run_training(train, train_dir=..., max_steps=..., evaluation=evaluation)
+
+Every `every_n_steps` global steps (and never at step 0) the hook runs the
+evaluation on every tower (build_eval_graph's exact totals), logs the values,
+writes them to TensorBoard as 'eval/<name>' and, when `metric` improved by more
+than `min_delta`, saves the weights to train_dir/best (one crash-safe
+checkpoint). After `patience` evaluations without an improvement it stops
+training; the final checkpoint is written as after any stop.
+
+The state (best value, its step, evaluations since) lives in three variables
+that every checkpoint saves, so a restarted run keeps its patience count, and a
+run that had stopped early stops again at once. Across all-reduce workers every
+worker evaluates and the metric is averaged over them by one all-reduce before
+the decision (`agree`), so every worker stops at the same step.
+"""
+
+import copy
+import logging
+import math
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from towerlib.run import checkpoints
+
+logger = logging.getLogger("towerlib")
+
+BEST_DIRNAME = "best"
+
+
+class Evaluation:
+    """What to evaluate during training, how often, and when to stop.
+
+    Build it in the training graph, after build_train_graph and before
+    run_training (its state variables join the checkpoints).
+
+    Args:
+      eval_graph: an EvalGraph from build_eval_graph(..., reuse_variables=True).
+      every_n_steps: evaluate when the global step is a multiple of this.
+      metric: the name in eval_graph.values that decides "best".
+      higher_is_better: True for a precision, False for a loss.
+      initializer: an op run before each evaluation (the evaluation
+        iterator's initializer); the evaluation runs update_op until the
+        input ends. None: give num_batches (a repeating input).
+      num_batches: run update_op this many times per evaluation.
+      keep_best: save the best weights to train_dir/best.
+      patience: stop after this many evaluations in a row without an
+        improvement (None: never stop early).
+      min_delta: an improvement is a change past the best by more than this.
+    """
+
+    def __init__(self, eval_graph, every_n_steps, metric, *, higher_is_better=True,
+                 initializer=None, num_batches=None, keep_best=True, patience=None,
+                 min_delta=0.0):
+        _check_options(eval_graph, every_n_steps, metric, initializer, num_batches,
+                       patience, min_delta)
+        self.eval_graph = eval_graph
+        self.every_n_steps = int(every_n_steps)
+        self.metric = metric
+        self.higher_is_better = bool(higher_is_better)
+        self.initializer = initializer
+        self.num_batches = num_batches
+        self.keep_best = keep_best
+        self.patience = patience
+        self.min_delta = float(min_delta)
+        self.state = _State.create()
+        self.agree = None  # set by with_agreement
+
+    def with_agreement(self, agree):
+        """A copy deciding on agree(metric tensor): the value every worker shares.
+
+        towerlib.cluster's all-reduce path gives the mean over the workers, one
+        all-reduce in the training graph, so every worker stops at one step.
+        """
+        agreed = copy.copy(self)
+        agreed.agree = agree
+        return agreed
+
+    def improved(self, value, best):
+        """Whether `value` beats `best` by more than min_delta."""
+        if self.higher_is_better:
+            return value > best + self.min_delta
+        return value < best - self.min_delta
+
+
+def _check_options(eval_graph, every_n_steps, metric, initializer, num_batches,
+                   patience, min_delta):
+    """One clear error per wrong option, before anything is built."""
+    if not hasattr(eval_graph, "values") or not hasattr(eval_graph, "update_op"):
+        raise TypeError(f"Evaluation takes build_eval_graph's result, got "
+                        f"{type(eval_graph).__name__}.")
+    for name, value in (("every_n_steps", every_n_steps), ("patience", patience)):
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, (int, np.integer)) or value < 1):
+            raise ValueError(f"Evaluation: {name}={value!r}: give an int >= 1.")
+    if metric not in eval_graph.values:
+        raise ValueError(f"Evaluation: metric={metric!r} is not one of the evaluation's "
+                         f"values {sorted(eval_graph.values)}.")
+    if (initializer is None) == (num_batches is None):
+        raise ValueError(
+            "Evaluation: give exactly one of initializer (the evaluation iterator's "
+            "initializer: the input is read to its end) and num_batches (a repeating "
+            "input read that many times).")
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(
+            num_batches, (int, np.integer)) or num_batches < 1):
+        raise ValueError(f"Evaluation: num_batches={num_batches!r}: give an int >= 1.")
+    if not isinstance(min_delta, (int, float)) or not math.isfinite(min_delta) \
+            or min_delta < 0:
+        raise ValueError(f"Evaluation: min_delta={min_delta!r}: give a finite number >= 0.")
+
+
+class _State:
+    """The early-stopping state, in variables every checkpoint saves."""
+
+    def __init__(self, best, best_step, since_best):
+        self.best, self.best_step, self.since_best = best, best_step, since_best
+        self.value = tf.compat.v1.placeholder(tf.float64, [], "best_value")
+        self.step = tf.compat.v1.placeholder(tf.int64, [], "best_step")
+        self.since = tf.compat.v1.placeholder(tf.int64, [], "since_best")
+        self.assign = tf.group(best.assign(self.value), best_step.assign(self.step),
+                               since_best.assign(self.since))
+
+    @classmethod
+    def create(cls):
+        # best_step -1: no evaluation yet (no infinity: checkpoints hold finite values).
+        with tf.compat.v1.variable_scope("towerlib_evaluation"), tf.device("/cpu:0"):
+            def variable(name, value, dtype):
+                return tf.compat.v1.get_variable(
+                    name, initializer=tf.constant(value, dtype), trainable=False,
+                    use_resource=True)
+            return cls(variable("best", 0.0, tf.float64),
+                       variable("best_step", -1, tf.int64),
+                       variable("since_best", 0, tf.int64))
+
+
+class EvaluationHook(tf.compat.v1.train.SessionRunHook):
+    """Runs an Evaluation between steps (run_training adds it; see the module).
+
+    Args:
+      evaluation: the Evaluation.
+      step_after_update: run_training's int64 scalar, the step a run produced.
+      train_dir: the folder of train_dir/best (None: keep no best).
+      scaffold: the run's Scaffold, whose Saver writes the best checkpoint.
+      summary_writer: where 'eval/<name>' goes (None: nowhere).
+    """
+
+    def __init__(self, evaluation, step_after_update, train_dir=None, scaffold=None,
+                 summary_writer=None):
+        self._evaluation = evaluation
+        self._step_after = step_after_update
+        self._train_dir = train_dir
+        self._scaffold = scaffold
+        self._summary_writer = summary_writer
+        self._global_step = None
+        self._values = None
+        self._best_writer = None
+        self.stopped_early_at = None
+        self.last_values = None
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+        values = self._evaluation.eval_graph.values
+        metric = tf.cast(values[self._evaluation.metric], tf.float64)
+        self._values = dict(values, _decided=(self._evaluation.agree or tf.identity)(metric))
+
+    def after_create_session(self, session, coord):
+        state = self._evaluation.state
+        since = int(session.run(state.since_best))
+        if self._evaluation.patience and since >= self._evaluation.patience:
+            # Restored after an early stop: stopping the coordinator ends the loop
+            # before its first step.
+            self.stopped_early_at = int(session.run(self._global_step))
+            logger.info("Early stopping was decided before this run (no improvement "
+                        "in %d evaluations since step %d): nothing to train.", since,
+                        int(session.run(state.best_step)))
+            coord.request_stop()
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self._step_after)
+
+    def after_run(self, run_context, run_values):
+        step = int(run_values.results)
+        if step % self._evaluation.every_n_steps:
+            return
+        session = run_context.session
+        values = self._evaluate(session)
+        self._record(session, step, values)
+        if self._should_stop(session, step):
+            run_context.request_stop()
+
+    def _evaluate(self, session):
+        evaluation = self._evaluation
+        session.run(evaluation.eval_graph.reset_op)
+        if evaluation.initializer is not None:
+            session.run(evaluation.initializer)
+            while True:
+                try:
+                    session.run(evaluation.eval_graph.update_op)
+                except tf.errors.OutOfRangeError:
+                    break
+        else:
+            for _ in range(evaluation.num_batches):
+                session.run(evaluation.eval_graph.update_op)
+        return session.run(self._values)
+
+    def _record(self, session, step, values):
+        decided = float(values.pop("_decided"))
+        self.last_values = values
+        state = self._evaluation.state
+        best, best_step, since = session.run(
+            [state.best, state.best_step, state.since_best])
+        if best_step < 0 or self._evaluation.improved(decided, best):
+            best, best_step, since = decided, step, 0
+            self._save_best(session, step)
+        else:
+            since += 1
+        session.run(state.assign, {state.value: best, state.step: best_step,
+                                   state.since: since})
+        logger.info("step %d: evaluation %s (best %s %.6g at step %d)", step,
+                    ", ".join(f"{name} {float(v):.6g}" for name, v in sorted(values.items())),
+                    self._evaluation.metric, best, best_step)
+        if self._summary_writer is not None:
+            summary = tf.compat.v1.Summary(value=[
+                tf.compat.v1.Summary.Value(tag=f"eval/{name}", simple_value=float(v))
+                for name, v in sorted(values.items())])
+            self._summary_writer.add_summary(summary, step)
+
+    def _save_best(self, session, step):
+        if not (self._evaluation.keep_best and self._train_dir and self._scaffold):
+            return
+        if self._best_writer is None:
+            self._best_writer = checkpoints.CheckpointWriter(
+                self._scaffold.saver, os.path.join(self._train_dir, BEST_DIRNAME), max_to_keep=1,
+                write_meta_graph=False)
+        self._best_writer.save(session, step)
+
+    def _should_stop(self, session, step):
+        patience = self._evaluation.patience
+        if not patience:
+            return False
+        state = self._evaluation.state
+        since, best_step = session.run([state.since_best, state.best_step])
+        if since < patience:
+            return False
+        self.stopped_early_at = step
+        logger.info("Early stopping at step %d: %s has not improved by more than %g "
+                    "in %d evaluations (best at step %d).", step,
+                    self._evaluation.metric, self._evaluation.min_delta, since, best_step)
+        return True
