@@ -1,10 +1,10 @@
-"""Every bad input of docs/bad_inputs.py gets a first line that says what is wrong, and
-docs/faults.md shows exactly what the script prints.
+"""Every bad input of tests/checks/bad_inputs.py gets a first line that says what is wrong,
+and the ledger, tests/faults_ledger.md, shows exactly what the script prints.
 
 A case whose first line does not name the problem (or that passes silently) is a
-defect of towerlib; the known ones carry `defect=...` in docs/bad_inputs.py and are
+defect of towerlib; the known ones carry `defect=...` in bad_inputs.py and are
 expected to fail here (strict: once fixed, drop the mark and regenerate the table
-with `python docs/bad_inputs.py`). Running every case takes about 10 s.
+with `python tests/checks/bad_inputs.py --write`). Running every case takes about 10 s.
 """
 
 import functools
@@ -20,7 +20,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 def _load_script():
     spec = importlib.util.spec_from_file_location(
-        "docs_bad_inputs", os.path.join(REPO_ROOT, "docs", "bad_inputs.py"))
+        "bad_inputs_script", os.path.join(REPO_ROOT, "tests", "checks", "bad_inputs.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -72,14 +72,14 @@ def test_the_first_line_names_the_option_or_the_problem(index):
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")),
                     reason="the table was made on a machine without GPUs (messages count them)")
-def test_faults_md_holds_the_section_the_script_prints():
-    with open(bad_inputs.FAULTS_MD, encoding="utf-8") as handle:
-        held = bad_inputs.section_in_faults_md(handle.read())
-    assert held is not None, f"docs/faults.md lacks the section {bad_inputs.SECTION!r}"
+def test_the_ledger_holds_the_section_the_script_prints():
+    with open(bad_inputs.LEDGER_MD, encoding="utf-8") as handle:
+        held = bad_inputs.section_in_ledger(handle.read())
+    assert held is not None, f"tests/faults_ledger.md lacks the section {bad_inputs.SECTION!r}"
     printed = bad_inputs.section([outcome(index) for index in range(len(CASES))])
     assert held == printed, (
-        "docs/faults.md's section of bad inputs is out of date: regenerate it with "
-        "`python docs/bad_inputs.py --write`")
+        "tests/faults_ledger.md's section of bad inputs is out of date: regenerate it with "
+        "`python tests/checks/bad_inputs.py --write`")
 
 
 def test_the_script_errors_table_reads_every_one_line_error_test():

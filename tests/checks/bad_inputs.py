@@ -1,8 +1,8 @@
 """Every bad input the tests try, run once each: what the user gets, first line only.
 
-    python docs/bad_inputs.py            # prints the section of docs/faults.md
-    python docs/bad_inputs.py --write    # puts it in docs/faults.md
-    BAD_INPUTS_TIMES=1 python docs/bad_inputs.py    # and each case's time on stderr
+    python tests/checks/bad_inputs.py            # prints the section of tests/faults_ledger.md
+    python tests/checks/bad_inputs.py --write    # puts it in tests/faults_ledger.md
+    BAD_INPUTS_TIMES=1 python tests/checks/bad_inputs.py    # and each case's time on stderr
 
 Each case of the library table is a small function that builds its own
 tf.Graph (a fresh temporary directory when it needs one) and calls towerlib
@@ -11,8 +11,9 @@ line of its message; a case that raises nothing records towerlib's first
 warning (its "towerlib" logger or `warnings`), or, for the few inputs towerlib
 answers with an INFO line and no error, that line. A case that gets none of
 these passes silently, which the tests call a defect
-(tests/checks/test_bad_inputs_table.py, which also checks that docs/faults.md
-holds exactly the section this script prints).
+(tests/checks/test_bad_inputs_table.py, which also checks that tests/faults_ledger.md
+holds exactly the section this script prints). The user's page, docs/faults.md, says
+what happens and what to do; this table is its evidence.
 
 The example scripts' errors (one line on stderr, exit status 2) are not run
 here (each is a fresh Python process of several seconds): the second table
@@ -37,7 +38,7 @@ import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
@@ -1015,11 +1016,11 @@ def script_table():
 
 
 SECTION = "## Every bad input we test, and the first line it gets"
-FAULTS_MD = os.path.join(REPO_ROOT, "docs", "faults.md")
+LEDGER_MD = os.path.join(REPO_ROOT, "tests", "faults_ledger.md")
 
 INTRO = """\
 Each row is one wrong input, given to towerlib alone in a fresh graph by
-`docs/bad_inputs.py`, with the type of what comes back and the first line of
+`tests/checks/bad_inputs.py`, with the type of what comes back and the first line of
 its message: the line a traceback ends with. Where that line is only a
 header ending in ":" (a `ConfigError` counting its problems, a list of
 layers, files or towers, TensorFlow's "Graph execution error:" in your own
@@ -1027,8 +1028,8 @@ layers, files or towers, TensorFlow's "Graph execution error:" in your own
 builds" means the graph is built anyway; "no error" means towerlib answers
 with an INFO line only. `$TMP` is the case's temporary directory.
 
-Regenerate this section with `python docs/bad_inputs.py --write` (`python
-docs/bad_inputs.py` prints it). `tests/checks/test_bad_inputs_table.py` fails
+Regenerate this section with `python tests/checks/bad_inputs.py --write` (`python
+tests/checks/bad_inputs.py` prints it). `tests/checks/test_bad_inputs_table.py` fails
 when this section differs from what the script prints, when an input passes
 silently, or when a first line does not name the option or the problem
 (the known exceptions are marked `defect=` in the script).
@@ -1047,7 +1048,7 @@ SCRIPTS_INTRO = """\
 Each command below ends with exit status 2 and one line on stderr, without a
 traceback: the test named (in `tests/examples/`) runs the script in a fresh
 process and checks that the line starts with the text shown (or, after
-`error: ...`, contains it). `docs/bad_inputs.py` does not run them (several
+`error: ...`, contains it). `tests/checks/bad_inputs.py` does not run them (several
 seconds each); it reads them from the tests. The scripts' in-process checks
 (`options.FlagError` in `test_cifar10_config.py`, `test_cifar10_precision.py`,
 `test_cifar10_replicated.py`, `test_cifar10_distributed.py`,
@@ -1056,23 +1057,23 @@ seconds each); it reads them from the tests. The scripts' in-process checks
 
 
 def section(outcomes):
-    """The section of docs/faults.md: heading, text and both tables."""
+    """The section of tests/faults_ledger.md: heading, text and both tables."""
     return "\n\n".join([SECTION, INTRO.strip(), library_table(outcomes), NOT_IN_TABLE.strip(),
                         SCRIPTS_INTRO.strip(), script_table()]) + "\n"
 
 
-def section_in_faults_md(text):
-    """The section as docs/faults.md holds it (`text` is the file), or None."""
+def section_in_ledger(text):
+    """The section as tests/faults_ledger.md holds it (`text` is the file), or None."""
     if SECTION not in text:
         return None
     return SECTION + text.split(SECTION, 1)[1].split("\n## ", 1)[0].rstrip("\n") + "\n"
 
 
-def write_section(new_section, path=FAULTS_MD):
-    """Replaces the section in docs/faults.md (or puts it before '## Checkpoints')."""
+def write_section(new_section, path=LEDGER_MD):
+    """Replaces the section in tests/faults_ledger.md (or puts it before '## Checkpoints')."""
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
-    old = section_in_faults_md(text)
+    old = section_in_ledger(text)
     if old is not None:
         text = text.replace(old, new_section, 1)
     else:
