@@ -7,7 +7,7 @@ same program builds the same random streams. On CPU, with the same devices
 and tower count, two runs then give the same losses step for step (tested:
 tests/run/test_faults_determinism.py and the kill/resume test, which compares
 final weights bit for bit). What it does not cover, notably on GPUs, is in
-docs/faults.md ("Determinism").
+docs/faults.md ("Two runs differ").
 """
 
 import random
