@@ -1,0 +1,82 @@
+"""A task without TensorFlow, for the launcher's fast tests: it does what its flags say.
+
+    python fake_task.py --record DIR [--bind] [--grandchild] [--lines N]
+        [--fail worker:1:0:137 ...] [--sleep SECS] [--ignore_term]
+
+--record DIR writes DIR/<job>-<index>-<restart>.json: its pid, TF_CONFIG and the
+pid of its grandchild (a `sleep` in its process group, with --grandchild).
+--fail JOB:INDEX:RESTART:STATUS exits with STATUS as that task on that restart
+(TOWERLIB_LAUNCH_RESTART); STATUS 137 or 143 kills itself by that signal.
+--bind listens on its own TF_CONFIG address as TensorFlow's server does
+(SO_REUSEPORT when TF_GRPC_REUSE_PORT=1); if it cannot, it prints the line
+towerlib.cluster.exit_by_meaning prints for an AddressError and exits 2.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def bind_own_port(config):
+    address = config["cluster"][config["task"]["type"]][config["task"]["index"]]
+    port = int(address.rpartition(":")[2])
+    sock = socket.socket()
+    if os.environ.get("TF_GRPC_REUSE_PORT") == "1":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(("0.0.0.0", port))
+    except OSError as error:
+        print(f"error: task: AddressError: cannot listen on {address}: {error} "
+              "[exit 2, fix and rerun]", file=sys.stderr, flush=True)
+        sys.exit(2)
+    sock.listen(4)
+    return sock
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--record", required=True)
+    parser.add_argument("--bind", action="store_true")
+    parser.add_argument("--grandchild", action="store_true")
+    parser.add_argument("--lines", type=int, default=0)
+    parser.add_argument("--fail", action="append", default=[])
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--ignore_term", action="store_true")
+    args = parser.parse_args()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    config = json.loads(os.environ["TF_CONFIG"])
+    job, index = config["task"]["type"], config["task"]["index"]
+    restart = os.environ.get("TOWERLIB_LAUNCH_RESTART", "?")
+    held = bind_own_port(config) if args.bind else None
+    record = {"pid": os.getpid(), "tf_config": config, "pgid": os.getpgid(0)}
+    if args.grandchild:
+        record["grandchild"] = subprocess.Popen(["sleep", "300"]).pid
+    name = os.path.join(args.record, f"{job}-{index}-{restart}.json")
+    with open(name + ".tmp", "w") as out:
+        json.dump(record, out)
+    os.replace(name + ".tmp", name)
+    for i in range(args.lines):
+        stream = sys.stdout if i % 2 == 0 else sys.stderr
+        stream.write(f"line {i} of {job} {index} " + "x" * 5000 + " end\n")
+        stream.flush()
+    for rule in args.fail:
+        rule_job, rule_index, rule_restart, status = rule.split(":")
+        if (rule_job, int(rule_index), rule_restart) == (job, index, restart):
+            print(f"{job} {index} fails with {status}", flush=True)
+            if int(status) in (137, 143):
+                os.kill(os.getpid(), int(status) - 128)
+                time.sleep(10)
+            sys.exit(int(status))
+    time.sleep(args.sleep)
+    print(f"{job} {index} done", flush=True)
+    del held
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""The launcher's attempts with fake tasks (no TensorFlow): restarts, statuses, ports,
+and no process left behind on any path. The launcher runs in this process."""
+
+import io
+import json
+import socket
+import time
+
+import pytest
+
+from towerlib.launch import ports as ports_lib
+from towerlib.launch.output import Output
+from towerlib.launch.plan import JobPlan, Task
+from towerlib.launch.supervisor import Launcher
+from tests.launch.tasks import assert_none_alive, fake_command, records
+
+
+def launch(tmp_path, workers=2, ps=0, flags=(), **options):
+    """Runs a job of fake tasks; returns (JobResult, its stdout text, its stderr text)."""
+    out, err = io.BytesIO(), io.BytesIO()
+    options.setdefault("stop_grace_secs", 5.0)
+    launcher = Launcher(fake_command(tmp_path, *flags), JobPlan(workers, ps),
+                        Output(out, err), **options)
+    result = launcher.run()
+    return result, out.getvalue().decode(), err.getvalue().decode()
+
+
+def test_every_task_ends_zero_the_job_ends_zero(tmp_path):
+    result, out, err = launch(tmp_path, ps=1, flags=["--grandchild"])
+    assert result.status == 0 and result.failures == [] and result.restarts == 0
+    assert {"[worker 0] worker 0 done", "[worker 1] worker 1 done", "[ps 0] ps 0 done"} <= \
+        set(out.splitlines())
+    found = records(tmp_path)
+    assert sorted(found) == ["ps-0-0", "worker-0-0", "worker-1-0"]
+    configs = {name: record["tf_config"] for name, record in found.items()}
+    assert configs["worker-1-0"]["task"] == {"type": "worker", "index": 1}
+    assert configs["ps-0-0"]["task"] == {"type": "ps", "index": 0}
+    assert len({json.dumps(c["cluster"]) for c in configs.values()}) == 1
+    assert result.summary() == "summary: done, status 0 after 0 restart(s)"
+    assert_none_alive(tmp_path)   # the grandchildren (`sleep 300`) too
+
+
+def test_a_killed_worker_restarts_the_job(tmp_path):
+    result, out, err = launch(tmp_path, max_restarts=2, flags=["--fail", "worker:1:0:137"])
+    assert result.status == 0 and result.restarts == 1, err
+    (failure,) = result.failures
+    assert (failure.task.name, failure.status) == ("worker 1", 137)
+    assert failure.last_line == "worker 1 fails with 137"
+    assert "attempt 1: worker 1 exited 137 (killed by SIGKILL), its last line: " \
+        "'worker 1 fails with 137'; done, status 0 after 1 restart(s)" in result.summary()
+    assert "every task stopped, restarting the job (1 of 2)" in err
+    found = records(tmp_path)
+    assert {"worker-0-1", "worker-1-1"} <= set(found)
+    ports_of = lambda name: found[name]["tf_config"]["cluster"]["worker"]
+    assert set(ports_of("worker-1-0")).isdisjoint(ports_of("worker-1-1"))   # fresh ports
+    assert_none_alive(tmp_path)
+
+
+def test_retryable_failures_beyond_max_restarts_end_the_job_with_their_status(tmp_path):
+    flags = ["--fail", "worker:0:0:138", "--fail", "worker:0:1:138", "--sleep", "30"]
+    started = time.monotonic()
+    result, _, _ = launch(tmp_path, max_restarts=1, flags=flags)
+    assert result.status == 138 and result.restarts == 1
+    assert [(f.attempt, f.task.name, f.status) for f in result.failures] == \
+        [(0, "worker 0", 138), (1, "worker 0", 138)]
+    assert time.monotonic() - started < 20   # worker 1 stopped by SIGTERM, not waited for
+    assert_none_alive(tmp_path)
+
+
+@pytest.mark.parametrize("status", [1, 2])
+def test_a_mistake_or_a_bug_is_not_restarted(tmp_path, status):
+    result, _, _ = launch(tmp_path, max_restarts=3,
+                          flags=["--fail", f"worker:1:0:{status}", "--sleep", "30"])
+    assert result.status == status and result.restarts == 0
+    assert [(f.task.name, f.status) for f in result.failures] == [("worker 1", status)]
+    assert_none_alive(tmp_path)
+
+
+class _Ended:
+    """A task seen ended, as Launcher._first_failure looks at it."""
+
+    def __init__(self, job, index, started_at):
+        self.task, self.started_at = Task(job, index), started_at
+
+    def join_readers(self):
+        pass
+
+
+@pytest.mark.parametrize("ended, cause", [
+    ([("worker", 0, 138), ("worker", 1, 137)], ("worker 1", 137)),  # the echo of a SIGKILL
+    ([("worker", 1, 2), ("worker", 0, 138)], ("worker 1", 2)),
+    ([("ps", 0, 137), ("worker", 1, 137)], ("worker 1", 137)),
+    ([("worker", 1, 138), ("worker", 0, 138)], ("worker 0", 138)),     # the first started
+])
+def test_the_cause_is_named_rather_than_its_echo(ended, cause):
+    """Tasks seen ended in the same poll: the failure named is the cause."""
+    launcher = Launcher(["true"], JobPlan(2, 1), Output(io.BytesIO(), io.BytesIO()))
+    failed = [(_Ended(job, index, started_at=index), status) for job, index, status in ended]
+    failure = launcher._first_failure(0, failed)
+    assert (failure.task.name, failure.status) == cause
+
+
+def test_a_port_taken_between_the_choice_and_the_bind_is_retried_on_new_ports(tmp_path):
+    """The first attempt's ports are not held and one is taken by another process, as
+    happens without the hold; the task cannot listen and the launcher retries."""
+    thief = socket.socket()
+    thief.bind(("0.0.0.0", 0))
+    thief.listen(1)
+    calls = []
+
+    def hold_ports(count):
+        calls.append(count)
+        if len(calls) == 1:
+            return _Unheld([thief.getsockname()[1]] + ports_lib.hold_free_ports(
+                count - 1).ports)
+        return ports_lib.hold_free_ports(count)
+
+    try:
+        result, _, err = launch(tmp_path, flags=["--bind"], hold_ports=hold_ports)
+    finally:
+        thief.close()
+    assert result.status == 0 and result.restarts == 0, err
+    (failure,) = result.failures
+    assert failure.task.name == "worker 0" and failure.status == 2
+    assert "AddressError" in failure.last_line
+    assert "retrying on new ports (1 of 3)" in err
+    assert sorted(records(tmp_path)) == ["worker-0-0", "worker-1-0"]   # the retry's
+
+
+class _Unheld(ports_lib.HeldPorts):
+    def __init__(self, ports):
+        super().__init__([])
+        self.ports = ports
+
+
+def test_held_ports_are_bound_by_the_tasks(tmp_path):
+    """With the hold, a task that binds as TensorFlow does gets its port."""
+    result, _, err = launch(tmp_path, ps=1, flags=["--bind"])
+    assert result.status == 0 and result.failures == [], err
+
+
+def test_ps_tasks_that_outlive_the_workers_are_stopped(tmp_path):
+    result, _, err = launch(tmp_path, ps=1, ps_grace_secs=0.5,
+                            flags=["--fail", "ps:0:0:0", "--sleep", "0"])
+    assert result.status == 0, err
+    started = time.monotonic()
+    (tmp_path / "slow_ps").mkdir()
+    result, _, err = launch(tmp_path / "slow_ps", ps=1, ps_grace_secs=0.5,
+                            flags=["--fail", "worker:0:0:0", "--fail", "worker:1:0:0",
+                                   "--sleep", "60"])
+    assert result.status == 0 and time.monotonic() - started < 20, err
+    assert "ps 0 did not end within 0.5 s of the workers; stopping it." in err
+
+
+def test_a_task_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+    started = time.monotonic()
+    result, _, _ = launch(tmp_path, stop_grace_secs=1.0,
+                          flags=["--fail", "worker:1:0:2", "--ignore_term", "--sleep", "60"])
+    assert result.status == 2 and time.monotonic() - started < 15
+    assert_none_alive(tmp_path)
+
+
+def test_the_launchers_own_exception_leaves_no_process(tmp_path, monkeypatch):
+    def broken_watch(self, attempt):
+        time.sleep(0.5)
+        raise RuntimeError("a bug in the launcher")
+
+    monkeypatch.setattr(Launcher, "_watch", broken_watch)
+    with pytest.raises(RuntimeError, match="a bug in the launcher"):
+        launch(tmp_path, flags=["--grandchild", "--sleep", "60"])
+    assert_none_alive(tmp_path)

@@ -1,0 +1,104 @@
+"""The job's tasks, each one's TF_CONFIG as towerlib.cluster reads it, and the command line."""
+
+import json
+
+import pytest
+
+from towerlib import cluster as cluster_lib
+from towerlib.launch import command_line as main_lib
+from towerlib.launch import plan as plan_lib
+from towerlib.launch import statuses
+from towerlib.launch.plan import JobPlan, Task
+
+
+def test_one_machine_tf_config_per_task_is_the_cluster_towerlib_resolves():
+    plan = JobPlan(workers=2, ps=1)
+    assert plan.local_tasks() == [Task("worker", 0), Task("worker", 1), Task("ps", 0)]
+    jobs = plan.cluster([5001, 5002, 5003])
+    assert jobs == {"worker": ["127.0.0.1:5001", "127.0.0.1:5002"], "ps": ["127.0.0.1:5003"]}
+    seen = {}
+    for task in plan.local_tasks():
+        env = {"TF_CONFIG": plan_lib.tf_config(jobs, task)}
+        seen[task.name] = cluster_lib.resolve_cluster(environ=env)
+    assert seen["worker 0"].is_chief and not seen["worker 1"].is_chief
+    assert seen["worker 1"].replica_index == 1 and seen["worker 1"].num_replicas == 2
+    assert seen["ps 0"].is_ps and seen["ps 0"].num_ps == 1
+    assert "chief" not in json.loads(plan_lib.tf_config(jobs, Task("worker", 0)))["cluster"]
+
+
+def test_all_reduce_job_has_no_ps_job():
+    assert JobPlan(workers=2).cluster([1, 2]) == {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+
+
+def test_a_hosts_share_of_a_multi_host_job():
+    plan = JobPlan(workers=2, hosts=("a", "b"), host_index=1, port_base=3000)
+    assert plan.num_workers == 4
+    assert plan.local_tasks() == [Task("worker", 2), Task("worker", 3)]
+    assert plan.fixed_ports() == [3000, 3001]
+    assert plan.cluster() == {"worker": ["a:3000", "a:3001", "b:3000", "b:3001"]}
+    info = cluster_lib.cluster_from_tf_config(plan_lib.tf_config(plan.cluster(),
+                                                                 Task("worker", 2)))
+    assert info.replica_index == 2 and not info.is_chief
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(workers=0), "--workers 0: a job needs at least 1 worker"),
+    (dict(workers=1, ps=-1), "--ps -1"),
+    (dict(workers=1, ps=1, hosts=("a",)), "--ps with --hosts"),
+    (dict(workers=1, hosts=("a", "b"), host_index=2), "--host_index 2 is not an index"),
+    (dict(workers=2, hosts=("a",), port_base=65535), "--port_base 65535"),
+])
+def test_impossible_plans_are_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        JobPlan(**kwargs)
+
+
+def test_task_list_names_only_local_tasks():
+    plan = JobPlan(workers=2, ps=1)
+    assert plan_lib.parse_task_list("worker:1, ps:0", plan) == {Task("worker", 1), Task("ps", 0)}
+    with pytest.raises(ValueError, match="'worker:2' is not a task this host runs; choose "
+                                         "from worker:0, worker:1, ps:0"):
+        plan_lib.parse_task_list("worker:2", plan)
+
+
+@pytest.mark.parametrize("returncode, status, restartable", [
+    (0, 0, False), (1, 1, False), (2, 2, False), (138, 138, True),
+    (-9, 137, True), (-15, 143, True), (137, 137, True), (-2, 130, False), (-11, 139, False)])
+def test_exit_status_mapping(returncode, status, restartable):
+    assert statuses.shell_status(returncode) == status
+    assert statuses.is_restartable(status) is restartable
+
+
+def test_status_words():
+    assert statuses.describe_status(137) == "killed by SIGKILL"
+    assert statuses.describe_status(138) == "a lost peer, retryable"
+    assert statuses.describe_status(2) == "a user's mistake"
+    assert statuses.is_address_error(2, "error: worker 1: AddressError: cannot listen")
+    assert not statuses.is_address_error(2, "error: worker 1: ValueError: --x")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "2", "python", "x.py"], "no command: write it after --"),
+    (["--workers", "2", "--"], "no command after --"),
+    (["--workers", "0", "--", "python"], "--workers 0: a job needs at least 1 worker"),
+    (["--", "python"], "the following arguments are required: --workers"),
+    (["--workers", "two", "--", "python"], "invalid int value: 'two'"),
+    (["--workers", "1", "--max_restarts", "-1", "--", "python"], "--max_restarts -1"),
+    (["--workers", "1", "--hosts", "a,b", "--", "python"], "--hosts and --host_index go"),
+    (["--workers", "1", "--tasks", "ps:0", "--", "python"], "'ps:0' is not a task"),
+])
+def test_bad_command_lines_are_one_line_and_status_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main_lib.main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("towerlib-launch: error: "), err
+    assert message in err
+
+
+def test_a_command_that_cannot_run_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main_lib.main(["--workers", "2", "--", "/nonexistent/python", "x.py"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "towerlib-launch: error: cannot start '/nonexistent/python'" in err, err

@@ -1,0 +1,54 @@
+"""One command that starts a job's tasks on this host, and restarts them all after a fault.
+
+    towerlib-launch --workers 2 --max_restarts 3 -- python train.py --train_dir=/tmp/run
+    python -m towerlib.launch --workers 2 --ps 1 -- python train.py ...
+
+Each task gets its TF_CONFIG (worker 0 is the chief; ps tasks for the
+parameter-server layout), which towerlib.cluster.resolve_cluster reads, on
+ports the launcher holds until the task binds them. Every output line is
+prefixed with its task. SIGINT and SIGTERM are forwarded to every task; no
+task process outlives the launcher. A task that exits with a status of
+towerlib.cluster.RESTART_STATUSES (138 a lost peer, 137, 143) stops every
+other task, and the whole job restarts on new ports, up to --max_restarts;
+the scripts resume from their newest checkpoint. The last line is a summary
+naming each attempt's first failure; the launcher's status is 0 on success,
+else the first failure's.
+
+Modules: `command_line` the command line, `plan` the tasks and their TF_CONFIG,
+`ports` held free ports, `children` the task processes, `output` prefixed
+lines, `statuses` what an exit status means, `supervisor` the attempts.
+"""
+
+from towerlib.launch.children import Child, signal_child, start_child, stop_children
+from towerlib.launch.command_line import main, parse_args
+from towerlib.launch.output import Output
+from towerlib.launch.plan import JobPlan, Task, parse_task_list, tf_config
+from towerlib.launch.ports import (
+    REUSE_PORT_VARIABLE,
+    HeldPorts,
+    PortTakenError,
+    check_free,
+    hold_free_ports,
+)
+from towerlib.launch.statuses import (
+    describe_status,
+    is_address_error,
+    is_restartable,
+    shell_status,
+)
+from towerlib.launch.supervisor import RESTART_VARIABLE, Failure, JobResult, Launcher
+
+__all__ = [
+    # the command line
+    "main", "parse_args",
+    # the job's tasks and their cluster
+    "JobPlan", "Task", "parse_task_list", "tf_config",
+    # ports held until the tasks bind them
+    "REUSE_PORT_VARIABLE", "HeldPorts", "PortTakenError", "check_free", "hold_free_ports",
+    # the task processes and their output
+    "Child", "Output", "signal_child", "start_child", "stop_children",
+    # what a status means
+    "describe_status", "is_address_error", "is_restartable", "shell_status",
+    # the attempts and restarts
+    "RESTART_VARIABLE", "Failure", "JobResult", "Launcher",
+]

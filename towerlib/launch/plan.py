@@ -1,0 +1,128 @@
+"""Which tasks a job has, which of them this host runs, and each one's TF_CONFIG.
+
+One machine: `workers` worker tasks (and `ps` ps tasks for the parameter-server
+layout) at 127.0.0.1 on ports the launcher holds (launch.ports). Several
+machines: the same command on every host, with the host list and this host's
+index; each host runs `workers` workers, host h's worker i being worker
+h * workers + i at hosts[h]:port_base + i, so every host computes the same
+cluster without talking to the others.
+
+The cluster has the jobs towerlib.cluster.spec reads: 'worker' (worker 0 is the
+chief: no 'chief' job is written) and 'ps' when there are ps tasks.
+"""
+
+import dataclasses
+import json
+
+__all__ = ["JobPlan", "Task", "parse_task_list", "tf_config"]
+
+WORKER = "worker"   # towerlib.cluster.spec's WORKER_JOB and PS_JOB, spelled here so
+PS = "ps"           # that a plan needs no TensorFlow
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Task:
+    """One process of the job: `job` ('worker' or 'ps') and its index in the job."""
+
+    job: str
+    index: int
+
+    @property
+    def name(self):
+        """'worker 1': how output prefixes and messages name the task."""
+        return f"{self.job} {self.index}"
+
+    @property
+    def key(self):
+        """'worker:1': how --tasks names it."""
+        return f"{self.job}:{self.index}"
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """The job's shape.
+
+    Attributes:
+      workers: worker tasks on each host (the whole job's on one machine).
+      ps: ps tasks (one machine only).
+      hosts: every host of a multi-host job, in the same order on each; ()
+        on one machine.
+      host_index: which of `hosts` this is.
+      port_base: a multi-host job's worker i on a host listens on port_base + i.
+    """
+
+    workers: int
+    ps: int = 0
+    hosts: tuple = ()
+    host_index: int = 0
+    port_base: int = 2222
+
+    def __post_init__(self):
+        if self.workers < 1:
+            raise ValueError(f"--workers {self.workers}: a job needs at least 1 worker.")
+        if self.ps < 0:
+            raise ValueError(f"--ps {self.ps}: the number of ps tasks is 0 or more.")
+        if self.hosts and self.ps:
+            raise ValueError("--ps with --hosts: the launcher runs ps tasks on one machine "
+                             "only. Fix: drop --hosts, or all-reduce without --ps.")
+        if self.hosts and not 0 <= self.host_index < len(self.hosts):
+            raise ValueError(f"--host_index {self.host_index} is not an index of --hosts "
+                             f"({len(self.hosts)} hosts: 0..{len(self.hosts) - 1}).")
+        if self.hosts and not 0 < self.port_base <= 65536 - self.workers:
+            raise ValueError(f"--port_base {self.port_base}: ports port_base.."
+                             f"port_base+{self.workers - 1} must lie in 1..65535.")
+
+    @property
+    def multi_host(self):
+        return bool(self.hosts)
+
+    @property
+    def num_workers(self):
+        """Workers in the whole job."""
+        return self.workers * max(len(self.hosts), 1)
+
+    def local_tasks(self):
+        """The tasks this host starts: workers first, then ps tasks."""
+        first = self.host_index * self.workers if self.hosts else 0
+        return ([Task(WORKER, first + i) for i in range(self.workers)]
+                + [Task(PS, i) for i in range(self.ps)])
+
+    def fixed_ports(self):
+        """A multi-host job's ports on this host (no choice: the others must know them)."""
+        return [self.port_base + i for i in range(self.workers)]
+
+    def cluster(self, ports=()):
+        """{'worker': [...], 'ps': [...]}: the job's addresses.
+
+        ports: one machine's chosen ports, one per local task, in
+        local_tasks() order; ignored for a multi-host job.
+        """
+        if self.hosts:
+            return {WORKER: [f"{host}:{port}" for host in self.hosts
+                             for port in self.fixed_ports()]}
+        addresses = [f"127.0.0.1:{port}" for port in ports]
+        jobs = {WORKER: addresses[:self.workers]}
+        if self.ps:
+            jobs[PS] = addresses[self.workers:self.workers + self.ps]
+        return jobs
+
+
+def tf_config(cluster, task):
+    """The TF_CONFIG value (JSON) of `task` in `cluster`, as Kubeflow's TFJob writes it."""
+    return json.dumps({"cluster": cluster, "task": {"type": task.job, "index": task.index}})
+
+
+def parse_task_list(text, plan):
+    """'worker:0,ps:0' -> {Task('worker', 0), Task('ps', 0)}; tasks the output shows.
+
+    Raises:
+      ValueError: an entry that is not 'job:index' or names no task this host runs.
+    """
+    local = {task.key: task for task in plan.local_tasks()}
+    chosen = set()
+    for entry in (item.strip() for item in text.split(",")):
+        if entry not in local:
+            raise ValueError(f"--tasks: {entry!r} is not a task this host runs; "
+                             f"choose from {', '.join(local)}.")
+        chosen.add(local[entry])
+    return chosen

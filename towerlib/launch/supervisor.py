@@ -1,0 +1,203 @@
+"""Runs a job's tasks to the end, restarting every task when one fails retryably.
+
+One attempt: hold ports, start every task this host runs with its TF_CONFIG,
+watch them. It ends when
+  - every worker exited 0 (the ps tasks then end on their own, as
+    towerlib.cluster.run_parameter_server does; after ps_grace_secs they are
+    stopped): the job is done;
+  - a task exited non-zero (a ps task too): the first failure. Tasks seen
+    ending in the same poll are ranked so that the cause is named rather than
+    its echo (a peer's 138 after a SIGKILL);
+  - the launcher got SIGINT or SIGTERM: forwarded at once to every task.
+Every attempt ends through children.stop_children (SIGTERM, a grace, SIGKILL
+to every process group), whatever path it takes, exceptions included.
+
+Then: a status in RESTART_STATUSES restarts every task on new ports, up to
+max_restarts; an AddressError (a port taken despite the hold) retries on new
+ports, up to port_retries; any other status ends the job with that status.
+"""
+
+import dataclasses
+import os
+import signal
+import time
+
+from towerlib.launch import children as children_lib
+from towerlib.launch import plan as plan_lib
+from towerlib.launch import ports as ports_lib
+from towerlib.launch import statuses
+
+__all__ = ["Failure", "JobResult", "Launcher", "RESTART_VARIABLE"]
+
+# Each task's environment says which restart it belongs to (0 for the first start).
+RESTART_VARIABLE = "TOWERLIB_LAUNCH_RESTART"
+_LINE_CHARS = 240
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """The first failure of an attempt: which task, its status, its last line."""
+
+    attempt: int
+    task: plan_lib.Task
+    status: int
+    last_line: str
+
+    def describe(self):
+        line = self.last_line if len(self.last_line) <= _LINE_CHARS else \
+            self.last_line[:_LINE_CHARS] + "..."
+        return (f"{self.task.name} exited {self.status} "
+                f"({statuses.describe_status(self.status)}), its last line: {line!r}")
+
+
+@dataclasses.dataclass
+class JobResult:
+    """How the job ended: the launcher's exit status and each attempt's first failure."""
+
+    status: int = 0
+    failures: list = dataclasses.field(default_factory=list)
+    restarts: int = 0
+    signal: int = 0
+    notes: list = dataclasses.field(default_factory=list)
+
+    def summary(self):
+        """One line: each attempt's first failure, then the final status."""
+        parts = [f"attempt {f.attempt + 1}: {f.describe()}" for f in self.failures]
+        parts += self.notes
+        end = (f"stopped by {signal.Signals(self.signal).name}" if self.signal else
+               "done" if self.status == 0 else "failed")
+        parts.append(f"{end}, status {self.status} after {self.restarts} restart(s)")
+        return "summary: " + "; ".join(parts)
+
+
+class Launcher:
+    """Starts, watches, restarts and always stops one job's tasks on this host.
+
+    Args:
+      command: the argv every task runs (e.g. ['python', 'train.py', '--x=1']).
+      plan: a launch.plan.JobPlan.
+      output: a launch.output.Output.
+      max_restarts: restarts of the whole job after a retryable failure.
+      stop_grace_secs: after SIGTERM, how long a task may take to exit before SIGKILL.
+      ps_grace_secs: how long the ps tasks may take to end once the workers are done.
+      port_retries: new-port retries after a task could not listen on its port.
+      env: the tasks' base environment (default os.environ).
+      hold_ports: count -> launch.ports.HeldPorts (tests give a taken port here).
+      poll_secs: how often the tasks are looked at.
+    """
+
+    def __init__(self, command, plan, output, *, max_restarts=0, stop_grace_secs=10.0,
+                 ps_grace_secs=30.0, port_retries=3, env=None,
+                 hold_ports=ports_lib.hold_free_ports, poll_secs=0.05):
+        self.command, self.plan, self.output = list(command), plan, output
+        self.max_restarts, self.port_retries = max_restarts, port_retries
+        self.stop_grace_secs, self.ps_grace_secs = stop_grace_secs, ps_grace_secs
+        self.env = dict(os.environ if env is None else env)
+        self.hold_ports, self.poll_secs = hold_ports, poll_secs
+        self.children = []
+        self.signal = 0
+        self.failed_at = None   # monotonic time of the newest failure seen
+
+    def forward_signal(self, signum):
+        """From a signal handler: stop the job, forwarding `signum` to every task.
+        A second signal SIGKILLs every task at once."""
+        signum = signal.SIGKILL if self.signal else signum
+        self.signal = self.signal or signum
+        for child in list(self.children):
+            children_lib.signal_child(child, signum)
+
+    def run(self):
+        """Runs the job to its end; returns a JobResult (its status is the launcher's)."""
+        result = JobResult()
+        port_retries = attempt = 0
+        while True:
+            failure = self._attempt(attempt, result.restarts)
+            attempt += 1
+            if self.signal:
+                result.signal, result.status = self.signal, 128 + self.signal
+                return result
+            if failure is None:
+                return result
+            result.failures.append(failure)
+            if statuses.is_address_error(failure.status, failure.last_line) and \
+                    not self.plan.multi_host and port_retries < self.port_retries:
+                port_retries += 1
+                self.output.note(f"{failure.describe()}; retrying on new ports "
+                                 f"({port_retries} of {self.port_retries}).")
+                continue
+            if statuses.is_restartable(failure.status) and \
+                    result.restarts < self.max_restarts:
+                result.restarts += 1
+                self.output.note(f"{failure.describe()}; every task stopped, restarting "
+                                 f"the job ({result.restarts} of {self.max_restarts}).")
+                continue
+            result.status = failure.status
+            return result
+
+    def _ports(self):
+        if self.plan.multi_host:
+            return ports_lib.HeldPorts([])   # fixed ports, checked by main before the start
+        return self.hold_ports(len(self.plan.local_tasks()))
+
+    def _attempt(self, attempt, restarts):
+        """One start of every local task; returns its first Failure, or None."""
+        self.children = []
+        with self._ports() as held:
+            cluster = self.plan.cluster(held.ports)
+            try:
+                for task in self.plan.local_tasks():
+                    if self.signal:
+                        break
+                    self.output.forget(task)
+                    self.children.append(self._start(task, cluster, restarts))
+                since = "" if self.failed_at is None else \
+                    f", {time.monotonic() - self.failed_at:.1f} s after the failure"
+                self.output.note(f"attempt {attempt + 1}: started {self._started()}{since}; "
+                                 f"cluster {cluster}")
+                return None if self.signal else self._watch(attempt)
+            finally:
+                children_lib.stop_children(self.children, self.stop_grace_secs)
+
+    def _started(self):
+        return ", ".join(f"{child.task.name} (pid {child.pid})" for child in self.children)
+
+    def _start(self, task, cluster, restarts):
+        env = dict(self.env)
+        env["TF_CONFIG"] = plan_lib.tf_config(cluster, task)
+        env[ports_lib.REUSE_PORT_VARIABLE] = "1"
+        env[RESTART_VARIABLE] = str(restarts)
+        env.setdefault("PYTHONUNBUFFERED", "1")   # a Python task's lines as they come
+        return children_lib.start_child(task, self.command, env, self.output)
+
+    def _watch(self, attempt):
+        """Polls the tasks until the attempt's end (module text); bounded by the tasks."""
+        workers_done_at = None
+        while not self.signal:
+            ended = [(child, child.status()) for child in self.children]
+            failed = [(child, status) for child, status in ended if status not in (None, 0)]
+            if failed:
+                self.failed_at = time.monotonic()
+                return self._first_failure(attempt, failed)
+            running = [child for child, status in ended if status is None]
+            if not any(child.task.job == plan_lib.WORKER for child in running):
+                if not running:
+                    return None
+                workers_done_at = workers_done_at or time.monotonic()
+                if time.monotonic() - workers_done_at > self.ps_grace_secs:
+                    self.output.note(f"{', '.join(c.task.name for c in running)} did not end "
+                                     f"within {self.ps_grace_secs:g} s of the workers; "
+                                     "stopping it.")
+                    return None
+            time.sleep(self.poll_secs)
+        return None
+
+    def _first_failure(self, attempt, failed):
+        """The cause among tasks that ended together: a signal or a mistake before a
+        peer's retryable 138, a worker before a ps task."""
+        def rank(item):
+            child, status = item
+            return (status == statuses.RETRYABLE, child.task.job != plan_lib.WORKER,
+                    child.started_at, child.task)
+        child, status = min(failed, key=rank)
+        child.join_readers()
+        return Failure(attempt, child.task, status, self.output.last_line(child.task))
