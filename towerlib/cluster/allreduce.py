@@ -60,6 +60,8 @@ logger = logging.getLogger("towerlib")
 # The checkpoint agreement's collective group: apart from the training graph's.
 _AGREEMENT_GROUP_KEY = 0x7B0001
 _AGREEMENT_STEPS = 64
+# The evaluation's agreement (early stopping): in the training graph, its own group.
+_EVALUATION_GROUP_KEY = 0x7B0002
 # What a failed collective across workers raises in TF 2.21.
 _LOST_PEER_ERRORS = (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
                      tf.errors.AbortedError, tf.errors.CancelledError,
@@ -228,6 +230,19 @@ def _gone_workers(cluster, settle_secs=3.0, poll_secs=0.25):
         time.sleep(poll_secs)
 
 
+def _mean_over_workers(cluster):
+    """metric -> its mean over the workers, one all-reduce: the value every worker
+    decides early stopping on (towerlib.Evaluation), bit-identical on all of them."""
+    def agree(metric):
+        with tf.device(f"{cluster.task_device}/device:CPU:0"), \
+                tf.name_scope("evaluation_agreement"):
+            total = collective_ops.all_reduce(
+                tf.reshape(tf.cast(metric, tf.float64), [1]), cluster.num_replicas,
+                _EVALUATION_GROUP_KEY, 1, "auto")
+            return total[0] / cluster.num_replicas
+    return agree
+
+
 def _lost_message(cluster, deadline_secs, what):
     gone = _gone_workers(cluster)
     if gone:
@@ -285,6 +300,9 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
         raise WorkerLostError(_lost_message(
             cluster, startup_timeout_secs, "the workers could not agree on a checkpoint "
             "to resume from")) from None
+    if run_kwargs.get("evaluation") is not None and cluster.num_replicas > 1:
+        run_kwargs["evaluation"] = run_kwargs["evaluation"].with_agreement(
+            _mean_over_workers(cluster))
     config = copy.deepcopy(graph.session_config)
     config.operation_timeout_in_ms = int(step_deadline_secs * 1000)
     if not cluster.is_chief:

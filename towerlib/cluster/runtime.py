@@ -200,6 +200,11 @@ def run_distributed_training(
             sync_graph, server, train_dir=train_dir, max_steps=max_steps, hooks=hooks,
             startup_timeout_secs=startup_timeout_secs,
             step_deadline_secs=step_deadline_secs, **run_kwargs)
+    if run_kwargs.get("evaluation") is not None:
+        raise ValueError(
+            "evaluation= runs on one machine and across all-reduce workers "
+            "(update=towerlib.Replicated()); with ps tasks, evaluate in a job of its own "
+            "on the chief's checkpoints in train_dir.")
     with sync_graph.train_graph.train_op.graph.as_default():
         control = ControlSession(cluster, server.target, sync_graph.session_config)
     try:
