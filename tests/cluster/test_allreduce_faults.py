@@ -75,11 +75,15 @@ def test_a_lost_worker_stops_the_other_within_the_deadline(processes, tmp_path, 
 
 
 def test_a_worker_that_never_starts_is_named(processes, tmp_path):
-    flags = worker_flags(tmp_path / "train", 20, ["--startup_timeout_secs=4"])
+    flags = worker_flags(tmp_path / "train", 20, ["--startup_timeout_secs=7"])
     start_workers(processes, flags, tasks=(0,))
     assert processes.wait("worker0", 40) == RETRYABLE, processes.describe("worker0")
     line = one_error_line(processes.log_text("worker0"))
-    assert "worker task 1" in line and "did not start within 4 s" in line
+    assert "worker task 1" in line and "did not start within 7 s" in line
+    # While it waited, it said for whom and how long it would still wait (every 5 s).
+    assert re.search(r"Waiting [5-7] s for worker 0's peers to start: worker task 1 "
+                     r"\(127\.0\.0\.1:\d+\) not answering yet; [0-2] s left before the "
+                     r"timeout", processes.log_text("worker0")), processes.describe("worker0")
 
 
 def final_values(train_dir, step):

@@ -135,7 +135,8 @@ def wait_for_workers(cluster, timeout_secs, poll_secs=0.5):
             "its own --task_index), or raise startup_timeout_secs.")
 
     recovery.wait_for_answers(lambda: replica_watch.unreachable_workers(cluster),
-                              timeout_secs, error, poll_secs)
+                              timeout_secs, error, poll_secs,
+                              waiting_for=f"worker {cluster.replica_index}'s peers to start")
 
 
 def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):

@@ -33,6 +33,8 @@ logger = logging.getLogger("towerlib")
 DEFAULT_PS_RESTART_TIMEOUT_SECS = 300.0
 # Closing a session whose ps is gone never returns; it is given this long.
 SESSION_CLOSE_TIMEOUT_SECS = 3.0
+# How often a task waiting for others says which ones, and the time left.
+REPORT_EVERY_SECS = 5.0
 
 
 class PsUnavailableError(RuntimeError):
@@ -74,19 +76,33 @@ def unreachable_ps_tasks(cluster, connect_timeout_secs=0.5):
             if not accepts_connections(address, connect_timeout_secs)}
 
 
-def wait_for_answers(unreachable, timeout_secs, error, poll_secs=0.5):
+def wait_for_answers(unreachable, timeout_secs, error, poll_secs=0.5,
+                     waiting_for="", report_every_secs=REPORT_EVERY_SECS):
     """Polls `unreachable()` ({task: address}) until it is empty.
+
+    While some task is silent, logs every report_every_secs which ones and the
+    time left before the timeout (`waiting_for` names the wait: "the other
+    workers to start").
 
     Raises:
       error(what is still unreachable) once timeout_secs have passed.
     """
-    deadline = time.monotonic() + timeout_secs
+    started = time.monotonic()
+    deadline = started + timeout_secs
+    next_report = started + report_every_secs
     while True:
         silent = unreachable()
         if not silent:
             return
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise error(silent)
+        if now >= next_report:
+            logger.info("Waiting %.0f s for %s: %s not answering yet; %.0f s left before "
+                        "the timeout.", now - started, waiting_for or "the cluster",
+                        ", ".join(f"{task} ({address})" for task, address in silent.items()),
+                        deadline - now)
+            next_report = now + report_every_secs
         time.sleep(poll_secs)
 
 
@@ -102,7 +118,7 @@ def wait_for_ps_to_answer(cluster, timeout_secs, poll_secs=0.5):
     wait_for_answers(
         lambda: unreachable_ps_tasks(cluster, max(poll_secs, 0.1)), timeout_secs,
         lambda silent: PsUnavailableError(silent, timeout_secs, cluster.replica_index),
-        poll_secs)
+        poll_secs, waiting_for="the ps tasks to come back")
     return {}
 
 

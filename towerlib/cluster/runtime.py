@@ -49,7 +49,7 @@ def wait_for_ps_tasks(cluster, timeout_secs=600.0, poll_secs=0.5):
 
     recovery.wait_for_answers(
         lambda: recovery.unreachable_ps_tasks(cluster, max(poll_secs, 0.1)),
-        timeout_secs, error, poll_secs)
+        timeout_secs, error, poll_secs, waiting_for="the ps tasks to start")
 
 
 class ControlSession:
@@ -106,7 +106,8 @@ class ControlSession:
         Raises:
           TimeoutError: when the chief has not initialized within timeout_secs.
         """
-        deadline = time.time() + timeout_secs
+        started = time.time()
+        deadline, next_report = started + timeout_secs, started + recovery.REPORT_EVERY_SECS
         while True:
             try:
                 if not len(self.uninitialized_variables()):
@@ -114,10 +115,17 @@ class ControlSession:
             except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
                     tf.errors.AbortedError):
                 pass
-            if time.time() > deadline:
+            now = time.time()
+            if now > deadline:
                 raise TimeoutError(
                     f"The chief has not initialized the model after {timeout_secs:.0f} s. "
                     "Is the chief running, and can this task reach every ps task?")
+            if now >= next_report:
+                chief = self.cluster.replica_address(0)
+                logger.info("Waiting %.0f s for the chief (%s at %s) to initialize the "
+                            "model; %.0f s left before the timeout.", now - started,
+                            chief[0], chief[1], deadline - now)
+                next_report = now + recovery.REPORT_EVERY_SECS
             time.sleep(poll_secs)
 
     def report_done(self, timeout_secs=60.0):
