@@ -77,19 +77,32 @@ def _assert_same_model(actual, expected):
         np.testing.assert_array_equal(actual[name], expected[name], err_msg=name)
 
 
-def test_resumed_run_reads_on_and_matches_an_uninterrupted_run(tmp_path):
+REPLAY_WARNING = "starts from its beginning: its position is not in the checkpoint"
+
+
+def replay_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if REPLAY_WARNING in r.getMessage()]
+
+
+def test_resumed_run_reads_on_and_matches_an_uninterrupted_run(tmp_path, caplog):
     expected = _train(str(tmp_path / "straight"), 8)
     _train(str(tmp_path / "resumed"), 4)
     resumed = _train(str(tmp_path / "resumed"), 8)
     assert any("Iterator" in name for name in resumed)  # the position is saved
     _assert_same_model(resumed, expected)
+    assert replay_warnings(caplog) == []
 
 
-def test_without_the_saved_position_the_resumed_run_replays_its_data(tmp_path):
+def test_without_the_saved_position_the_resumed_run_replays_its_data(tmp_path, caplog):
     expected = _train(str(tmp_path / "straight"), 8, saved_position=False)
     _train(str(tmp_path / "resumed"), 4, saved_position=False)
+    assert replay_warnings(caplog) == []  # nothing restored yet: nothing replayed
     resumed = _train(str(tmp_path / "resumed"), 8, saved_position=False)
     assert not np.array_equal(resumed["hidden/weights"], expected["hidden/weights"])
+    # ... and the run said so, once, when it started, naming the fix.
+    (warning,) = replay_warnings(caplog)
+    assert "model.ckpt-4" in warning and "OneShotIterator" in warning
+    assert "towerlib.saved_position_iterator(dataset)" in warning
 
 
 def test_a_stateful_random_op_is_refused_with_the_fix():

@@ -29,9 +29,15 @@ whole cache: prefer reading the files again).
 
 import tensorflow as tf
 
+from towerlib.checks import graph_walk
 from towerlib.internals import deprecations
 
-__all__ = ["DataPositionError", "check_saveable_pipeline", "saved_position_iterator"]
+__all__ = ["DataPositionError", "check_saveable_pipeline", "saved_position_iterator",
+           "unsaved_iterators"]
+
+# The ops that read an iterator's next element; their first input is the iterator.
+_GET_NEXT_TYPES = frozenset({"IteratorGetNext", "IteratorGetNextSync",
+                             "IteratorGetNextAsOptional"})
 
 # tf.raw_ops.DatasetToGraphV2's external_state_policy: raise on external state.
 _FAIL_ON_EXTERNAL_STATE = 2
@@ -107,3 +113,23 @@ def saved_position_iterator(dataset, check=True):
         saveable = tf.data.experimental.make_saveable_from_iterator(iterator)
     tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, saveable)
     return iterator
+
+
+def unsaved_iterators(fetch):
+    """The names of the iterators `fetch` reads whose position no checkpoint saves.
+
+    A restart from a checkpoint starts such an iterator from its beginning (the
+    run replays data it trained on); saved_position_iterator's are saved.
+    """
+    saved = set()
+    for saveable in fetch.graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS):
+        resource = getattr(saveable, "op", None)
+        if resource is not None:
+            saved.add(getattr(resource, "op", resource).name)
+    found = []
+    for op in graph_walk.upstream_ops([fetch], lambda op: True):
+        if op.type in _GET_NEXT_TYPES and op.inputs:
+            iterator = graph_walk.source_op(op.inputs[0].op)
+            if iterator.name not in saved and iterator.name not in found:
+                found.append(iterator.name)
+    return found

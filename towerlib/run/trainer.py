@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from towerlib.run import checkpoint_fit
 from towerlib.run import checkpoints
+from towerlib.run import data_position
 from towerlib.run import evaluation_loop
 from towerlib.run import folder_lock
 from towerlib.precision import guards
@@ -299,6 +300,15 @@ def _restore_point(loop):
         logger.info("Restoring %s.", restore_from)
     with loop.graph.as_default():  # before any session: a misfit loops or trains wrong
         checkpoint_fit.check_fits_graph(restore_from, loop.scaffold.saver)
+        unsaved = restore_from and data_position.unsaved_iterators(
+            loop.train_graph.train_op)
+    if unsaved:
+        logger.warning(
+            "Resuming from %s, but the input (%s) starts from its beginning: its "
+            "position is not in the checkpoint, so this run trains again on data it "
+            "has seen and does not end where an uninterrupted run would. Fix: build "
+            "the input with towerlib.saved_position_iterator(dataset).", restore_from,
+            ", ".join(unsaved))
     return restore_from
 
 
