@@ -3,9 +3,11 @@
 parse_flags makes a bad flag (or an argument that is no flag) one line and exit status 2.
 parse_flags_before_tensorflow parses the command line from the flag tables (options.py)
 before the script imports TensorFlow, which takes seconds: --help, --helpshort, --helpfull
-and --helpxml answer at once, and so does a flag absl cannot parse, in one line.
+and --helpxml answer at once, and so does a flag absl cannot parse, in one line. run_script
+does that, then runs another module's main() (train.py's script is job.py's).
 """
 
+import importlib
 import re
 import sys
 
@@ -74,3 +76,13 @@ def parse_flags_before_tensorflow(module_name, table, defaults=None, argv=None):
     define_script_flags(table, defaults)
     app.define_help_flags()
     parse_flags(argv)  # exits in absl's help flag, or on a bad flag
+
+
+def run_script(table, module_name, defaults=None):
+    """A script whose work is another module's main(): parses the command line from the flag
+    tables before TensorFlow loads (parse_flags_before_tensorflow), then imports
+    `module_name` and runs its main() as every script does (script_runner.start). Exits."""
+    parse_flags_before_tensorflow("__main__", table, defaults)
+    from examples.cifar10 import script_runner  # TensorFlow loads here
+
+    script_runner.start(importlib.import_module(module_name).main)

@@ -41,8 +41,8 @@ import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
 from examples.cifar10 import data, eval as eval_lib, export as export_lib  # noqa: E402
-from examples.cifar10 import run_folder  # noqa: E402
-from examples.cifar10 import script_runner, train  # noqa: E402
+from examples.cifar10 import job, run_folder  # noqa: E402
+from examples.cifar10 import script_runner  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 
@@ -122,7 +122,7 @@ def run(args: dict, defaults: dict = None) -> dict:
     start = time.time()
     defaults = defaults or main_defaults()
     train_dir = args.get("train_dir") or defaults["train_dir"]
-    result = train.train(args, defaults)
+    result = job.train(args, defaults)
     trained = time.time()
     evaluation = eval_lib.evaluate_latest(
         train_dir,

@@ -1,9 +1,14 @@
-"""The CIFAR-10 models of the example: the lesson's convnet and the CIFAR ResNets.
+"""The CIFAR-10 networks of the example: the tutorial's convnet and the CIFAR ResNets.
 
 The tower function, `CifarModel.build` (logits -> the mean cross-entropy over the tower's
-examples), and the classic tutorial's convnet are in the lesson, train.py; this module
-adds the CIFAR ResNet of He et al. (2016) on the same base, `make_model` for every name,
+examples), is the lesson's (train.py); this module gives the networks on it: the classic
+tutorial's convnet and the CIFAR ResNet of He et al. (2016), `make_model` for every name,
 and `inference_logits` for the evaluation and the export.
+
+``convnet``: the multi-GPU tutorial's network with batch norm where it had LRN: two 5x5x64
+convolutions, each with batch norm, relu and a 3x3 max pool of stride 2, then fully
+connected layers of 384 and 192 and a linear 10; weight decay (0.004) on the fully
+connected layers only, as in the tutorial.
 
 ``resnet<depth>``, depth = 6n + 2 (20, 32, 44, 56, 110; 8 for quick tests): a 3x3x16
 convolution, three stages of n basic blocks with 16, 32, 64 filters (the 2nd and 3rd
@@ -21,8 +26,7 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import layers
-# The tower function (CifarModel.build) and the tutorial convnet are the lesson's.
-from examples.cifar10.train import CifarModel, ConvNet
+from examples.cifar10.train import CifarModel  # the tower function, the lesson's
 
 __all__ = ["CifarModel", "ConvNet", "MODEL_NAMES", "ResNet", "inference_logits",
            "make_model"]
@@ -31,6 +35,24 @@ NUM_CLASSES = 10
 STANDARD_RESNET_DEPTHS = (20, 32, 44, 56, 110)
 MODEL_NAMES = (("convnet",) + tuple("resnet%d" % d for d in STANDARD_RESNET_DEPTHS)
                + ("keras_resnet20",))
+
+
+class ConvNet(CifarModel):
+    """The classic tutorial's network, batch norm in place of LRN (see the module docstring)."""
+
+    name = "convnet"
+    default_weight_decay = 0.004  # on the fully connected layers only, as in the tutorial
+
+    def logits(self, images, ctx):
+        h = layers.conv2d(images, 64, 5, name="conv1", use_bias=False)
+        h = layers.max_pool2d(tf.nn.relu(self._batch_norm(h, ctx, "conv1_bn")), 3, 2)
+        h = layers.conv2d(h, 64, 5, name="conv2", use_bias=False)
+        h = layers.max_pool2d(tf.nn.relu(self._batch_norm(h, ctx, "conv2_bn")), 3, 2)
+        h = layers.flatten(h)  # 8 x 8 x 64
+        for width, name in ((384, "local3"), (192, "local4")):
+            h = layers.dense(h, width, name=name, activation=tf.nn.relu,
+                             weight_decay=self.weight_decay)  # counted once, not per tower
+        return layers.dense(h, NUM_CLASSES, name="softmax_linear")
 
 
 class ResNet(CifarModel):

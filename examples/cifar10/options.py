@@ -2,10 +2,11 @@
 
 Each script defines the groups it uses (main.py the train group); a flag defined twice is
 defined once. A script reads the flags given on its command line (`given`) and the
-defaults; train.py resolves the rest from the run recorded in --train_dir (run_folder).
-Values are checked where they are used: towerlib's options by towerlib.validate_config
-(train.check_flags), the example's own (--model, the schedule, the data) here; either way
-the script stops with one line naming the flag and the fix (FlagError).
+defaults; the job (job.py) resolves the rest from the run recorded in --train_dir
+(run_folder). Values are checked where they are used: towerlib's options by
+towerlib.validate_config (job.check_flags), the example's own (--model, the schedule, the
+data) here; either way the script stops with one line naming the flag and the fix
+(FlagError).
 
 This module does not import TensorFlow (nor towerlib, which does): a script answers --help
 from these tables before TensorFlow loads (command_line.parse_flags_before_tensorflow).
@@ -207,14 +208,6 @@ def normalized(values: dict) -> dict:
     values["trace_steps"] = [int(s) if str(s).isdigit() else s
                              for s in values.get("trace_steps") or []]
     return values
-
-
-def number_or_name(text):
-    """'1024' -> 1024.0; 'dynamic' (or anything else) as it is, for towerlib to judge."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 # Flags that are an argument of one strategy object: with another strategy chosen they

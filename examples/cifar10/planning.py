@@ -26,7 +26,7 @@ class TrainPlan:
     """Everything decided before the graph is built."""
 
     flags: Any  # the run's flags: given, else recorded, else defaults (run_folder)
-    model: Any  # the tower function, a train.CifarModel
+    model: Any  # the tower function, a train.CifarModel (models.make_model)
     update: Any  # the strategies: towerlib.ParameterServer or Replicated,
     precision: Any  # towerlib.Float32, BFloat16 or Float16,
     exchange: Any  # towerlib.GraphExchange, CollectiveExchange, or None: by device
@@ -59,6 +59,17 @@ class TrainPlan:
     @property
     def shard_index(self) -> int:
         return 0 if self.cluster is None else self.cluster.replica_index
+
+    @property
+    def loop_options(self) -> dict:
+        """run_training's (and run_distributed_training's) options: the folder, the last
+        step, how often the loop logs, saves and writes summaries, the steps it traces."""
+        flags = self.flags
+        return dict(train_dir=flags.train_dir, max_steps=self.max_steps,
+                    log_every_n_steps=flags.log_every_n_steps, trace_steps=flags.trace_steps,
+                    save_checkpoint_steps=flags.save_checkpoint_steps,
+                    save_summaries_steps=flags.save_summaries_steps,
+                    examples_per_step=flags.global_batch_size)  # the whole cluster's batch
 
 
 @dataclasses.dataclass

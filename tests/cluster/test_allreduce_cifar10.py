@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from examples.cifar10 import eval as eval_lib
-from examples.cifar10 import generate, options, train
+from examples.cifar10 import generate, job, options
 from tests.distributed_processes import free_ports
 from towerlib import cluster as cluster_lib
 
@@ -66,7 +66,7 @@ def _plan(tmp_path, data_dir, ps_hosts, **overrides):
     settings = dict(train_dir=str(tmp_path / "train"), data_dir=data_dir, model="resnet8",
                     num_towers=2, device_type="cpu", global_batch_size=16, max_steps=STEPS)
     settings.update(overrides)
-    return train.plan_run(settings, cluster=cluster)
+    return job.plan_run(settings, cluster=cluster)
 
 
 def test_the_update_flag_chooses_the_path_and_mismatches_are_refused(tmp_path, data_dir):

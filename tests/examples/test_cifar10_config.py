@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import data, generate, models, options, run_folder, schedule, train
+from examples.cifar10 import data, generate, job, models, options, run_folder, schedule
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def _config(tmp_path, **overrides):
 def check(args):
     """The train script's checks of its flags, before any data is touched; the devices."""
     flags = run_folder.resolve_flags(args)
-    train.check_flags(flags, *train.strategies(flags))
+    job.check_flags(flags, *job.strategies(flags))
     return towerlib.tower_devices(flags.num_towers or None, flags.device_type or None)
 
 
@@ -101,7 +101,7 @@ def test_momentum_zero_and_no_weight_decay_are_accepted(tmp_path):
 def test_missing_data_dir_is_reported_before_building(tmp_path):
     missing = str(tmp_path / "no_such_dir")
     with pytest.raises(data.DataError, match="does not exist.*--download"):
-        train.plan_run(_config(tmp_path, data_dir=missing))
+        job.plan_run(_config(tmp_path, data_dir=missing))
 
 
 def test_truncated_data_file_is_reported_before_building(tmp_path):
@@ -110,23 +110,23 @@ def test_truncated_data_file_is_reported_before_building(tmp_path):
     path = folder / data.BATCHES_DIR / "data_batch_5.bin"
     path.write_bytes(path.read_bytes()[:5000])
     with pytest.raises(data.DataError, match=r"data_batch_5\.bin.*5000 bytes.*truncated"):
-        train.plan_run(_config(tmp_path, data_dir=str(folder)))
+        job.plan_run(_config(tmp_path, data_dir=str(folder)))
 
 
 def test_bad_learning_rate_settings_are_refused_before_the_data_is_touched(tmp_path):
     # The data folder does not exist: the flag error must come first.
     missing = str(tmp_path / "no_data")
     with pytest.raises(options.FlagError, match="--lr_decay_epochs.*ascending"):
-        train.plan_run(_config(tmp_path, data_dir=missing, lr_decay_epochs=[5, 2]))
+        job.plan_run(_config(tmp_path, data_dir=missing, lr_decay_epochs=[5, 2]))
     with pytest.raises(options.FlagError, match="learning_rate must be a positive"):
-        train.plan_run(_config(tmp_path, data_dir=missing, learning_rate=0.0))
+        job.plan_run(_config(tmp_path, data_dir=missing, learning_rate=0.0))
 
 
 def test_restart_with_another_model_is_refused(tmp_path, generated_dir):
     first = run_folder.resolve_flags(_config(tmp_path, data_dir=generated_dir))
     run_folder.record(first, first.data_dir, first.max_steps)
     with pytest.raises(options.FlagError, match="--model=convnet.*--model=resnet20"):
-        train.plan_run(_config(tmp_path, data_dir=generated_dir, model="resnet20"))
+        job.plan_run(_config(tmp_path, data_dir=generated_dir, model="resnet20"))
 
 
 def test_config_round_trips_through_its_file(tmp_path):
@@ -153,7 +153,7 @@ def test_schedule_boundaries_follow_the_global_batch():
 
 def test_schedule_does_not_depend_on_the_tower_count(tmp_path, generated_dir):
     plans = [
-        train.plan_run(
+        job.plan_run(
             _config(
                 tmp_path / str(n),
                 data_dir=generated_dir,

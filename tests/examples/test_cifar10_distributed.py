@@ -13,7 +13,7 @@ import sys
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import data, generate, input_pipeline, options, run_folder, train
+from examples.cifar10 import data, generate, input_pipeline, job, options, run_folder
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
 from tests import helpers
@@ -153,12 +153,12 @@ def test_sync_batch_norm_across_workers_is_refused_with_the_librarys_reason(
     tmp_path, data_dir
 ):
     with pytest.raises(options.FlagError) as error:
-        train.plan_run(_config(tmp_path, data_dir, bn_mode="sync"), cluster=_cluster())
+        job.plan_run(_config(tmp_path, data_dir, bn_mode="sync"), cluster=_cluster())
     message = str(error.value)
     assert message.startswith("--bn_mode=sync: bn_mode='sync' cannot span the 2 workers")
     assert "Use bn_mode='all_towers'" in message
     # One worker is one machine's towers: sync is fine there.
-    plan = train.plan_run(_config(tmp_path, data_dir, bn_mode="sync"), cluster=_cluster(1))
+    plan = job.plan_run(_config(tmp_path, data_dir, bn_mode="sync"), cluster=_cluster(1))
     assert plan.batch_size == GLOBAL_BATCH
 
 
@@ -194,7 +194,7 @@ def test_cluster_settings_that_cannot_work_name_the_flag_and_the_fix(
     tmp_path, data_dir, overrides, problem, fix
 ):
     with pytest.raises(options.FlagError) as error:
-        train.plan_run(_config(tmp_path, data_dir, **overrides), cluster=_cluster())
+        job.plan_run(_config(tmp_path, data_dir, **overrides), cluster=_cluster())
     assert str(error.value).startswith(problem) and fix in str(error.value), error.value
 
 
@@ -209,7 +209,7 @@ def test_each_worker_gets_its_share_of_the_batch_and_a_distinct_shard(tmp_path, 
             task,
         )
         plans.append(
-            train.plan_run(_config(tmp_path, data_dir, global_batch_size=48), cluster=cluster)
+            job.plan_run(_config(tmp_path, data_dir, global_batch_size=48), cluster=cluster)
         )
     assert [p.batch_size for p in plans] == [16, 16, 16]
     assert [(p.num_shards, p.shard_index) for p in plans] == [(3, 0), (3, 1), (3, 2)]
@@ -219,12 +219,12 @@ def test_each_worker_gets_its_share_of_the_batch_and_a_distinct_shard(tmp_path, 
         "/job:worker/task:1/device:CPU:1",
     ]
     # The schedule and the last step are stated in global batches, as on one machine.
-    one_machine = train.plan_run(
+    one_machine = job.plan_run(
         _config(
             tmp_path, data_dir, global_batch_size=48, lr_decay_epochs=[2.0], train_epochs=3
         )
     )
-    three_workers = train.plan_run(
+    three_workers = job.plan_run(
         _config(
             tmp_path, data_dir, global_batch_size=48, lr_decay_epochs=[2.0], train_epochs=3
         ),

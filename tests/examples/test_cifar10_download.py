@@ -244,11 +244,11 @@ def test_invalid_existing_folder_is_replaced_only_by_a_good_download(server, tmp
 
 def test_train_flags_download_then_validate(server, tmp_path):
     # --data_dir with --download, as the train script plans it (no graph is built).
-    from examples.cifar10 import train
+    from examples.cifar10 import job
 
     root, base = server
     _write_archive(root / "cifar.tar.gz")
-    plan = train.plan_run(
+    plan = job.plan_run(
         dict(
             train_dir=str(tmp_path / "run"),
             data_dir=str(tmp_path / "data"),

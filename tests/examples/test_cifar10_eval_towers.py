@@ -16,7 +16,7 @@ import pytest
 import types
 
 from examples.cifar10 import eval as eval_lib
-from examples.cifar10 import generate, options, quiet_tensorflow, train
+from examples.cifar10 import generate, job, options, quiet_tensorflow
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEST_EXAMPLES = 20
@@ -44,7 +44,7 @@ def trained_run(tmp_path_factory):
         max_steps=30,
         seed=3,
     )
-    train.train(config)
+    job.train(config)
     return config
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import generate, train
+from examples.cifar10 import generate, job
 from tests.fault_scripts import runner
 
 TRAIN_SCRIPT = os.path.join(runner.REPO_ROOT, "examples", "cifar10", "train.py")
@@ -106,11 +106,11 @@ def test_sigkill_at_five_random_moments_then_resume_is_bit_identical(
 
 
 def test_two_uninterrupted_runs_with_one_seed_are_bit_identical(tmp_path, tiny_data):
-    first = train.train(tiny_config(str(tmp_path / "first"), tiny_data))
-    second = train.train(tiny_config(str(tmp_path / "second"), tiny_data))
+    first = job.train(tiny_config(str(tmp_path / "first"), tiny_data))
+    second = job.train(tiny_config(str(tmp_path / "second"), tiny_data))
     assert first.global_step == second.global_step == 12
     assert_bit_identical(
         str(tmp_path / "second" / "model.ckpt-12"), str(tmp_path / "first" / "model.ckpt-12")
     )
-    other = train.train(tiny_config(str(tmp_path / "other"), tiny_data, seed=8))
+    other = job.train(tiny_config(str(tmp_path / "other"), tiny_data, seed=8))
     assert other.loss != first.loss  # the seed matters

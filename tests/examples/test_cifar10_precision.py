@@ -12,7 +12,7 @@ import pytest
 
 import towerlib
 from examples.cifar10 import eval as eval_lib
-from examples.cifar10 import generate, main, options, run_folder, train
+from examples.cifar10 import generate, job, main, options, run_folder
 from tests.examples.test_cifar10_config import check
 from tests.examples.test_cifar10_train import MODE_RUN_STEPS, short_run_config
 
@@ -87,7 +87,7 @@ def test_bad_settings_name_their_flag(tmp_path, overrides, message):
 
 def test_the_loss_scale_reaches_towerlib_as_its_option(tmp_path):
     def precision(**flags):
-        _, precision, _ = train.strategies(run_folder.resolve_flags(_config(tmp_path, **flags)))
+        _, precision, _ = job.strategies(run_folder.resolve_flags(_config(tmp_path, **flags)))
         return precision
 
     assert precision() == towerlib.Float32()
@@ -197,7 +197,7 @@ def test_bfloat16_reaches_the_precision_of_float32(tmp_path, generated_data):
     precisions = {}
     for dtype in ("float32", "bfloat16"):
         config = _learning_run(str(tmp_path / dtype), generated_data, dtype)
-        train.train(config)
+        job.train(config)
         assert run_folder.load(config["train_dir"]).compute_dtype == dtype
         result = eval_lib.evaluate_latest(config["train_dir"])
         assert result.examples == 1000 and result.ema

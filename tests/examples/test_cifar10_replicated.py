@@ -18,7 +18,7 @@ import tensorflow as tf
 from examples.cifar10 import data_source
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
-from examples.cifar10 import main, options, planning, run_folder, train
+from examples.cifar10 import job, main, options, planning, run_folder
 from tests.examples.test_cifar10_config import check
 from tests.examples.test_cifar10_train import short_run_config
 from towerlib import cluster as cluster_lib
@@ -175,7 +175,7 @@ def test_checkpoint_holds_the_parameter_server_names_and_no_copies(replicated_ru
     # its other saveable state (the input pipeline's position).
     as_parameter_server = dict(config, variable_update="parameter_server")
     with tf.Graph().as_default():
-        train.build_step(train.plan_run(as_parameter_server))
+        job.build_step(job.plan_run(as_parameter_server))
         expected = {v.op.name for v in tf.compat.v1.global_variables()}
         expected |= {spec.name for saveable in tf.compat.v1.get_collection(
             tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS) for spec in saveable.specs}

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import towerlib
 from examples.cifar10 import default_dirs, eval as eval_lib, export as export_lib
-from examples.cifar10 import generate, options, run_errors, run_folder, train
+from examples.cifar10 import generate, job, options, run_errors, run_folder
 from towerlib.run import checkpoints
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,7 +50,7 @@ def tiny_config(train_dir, data_dir, **overrides):
 def finished_run(tmp_path_factory, data_sets):
     """A finished 8-step run (checkpoints at 0, 4 and 8) on the first data set."""
     config = tiny_config(tmp_path_factory.mktemp("finished"), data_sets[0])
-    train.train(config)
+    job.train(config)
     return config
 
 
@@ -74,17 +74,17 @@ def test_another_data_set_is_refused_not_answered_with_the_old_model(run_copy, d
         match=r"holds another run .*recorded --data_dir=\S+first, flags --data_dir=\S+"
         r"second.*Fix: a new --train_dir.*--overwrite_train_dir",
     ):
-        train.train(tiny_config(run_copy, data_sets[1]))
+        job.train(tiny_config(run_copy, data_sets[1]))
     assert _config_bytes(run_copy) == before
 
 
 @pytest.mark.slow  # trains the example
 def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data_sets):
     train_dir = tmp_path / "sgd"
-    train.train(tiny_config(train_dir, data_sets[0], optimizer="sgd", max_steps=4))
+    job.train(tiny_config(train_dir, data_sets[0], optimizer="sgd", max_steps=4))
     before = _config_bytes(train_dir)
     with pytest.raises(options.FlagError) as error:
-        train.train(tiny_config(train_dir, data_sets[0], optimizer="momentum"))
+        job.train(tiny_config(train_dir, data_sets[0], optimizer="momentum"))
     assert "recorded --optimizer=sgd, flags --optimizer=momentum" in str(error.value)
     assert "\n" not in str(error.value)
     assert _config_bytes(train_dir) == before
@@ -92,7 +92,7 @@ def test_resuming_an_sgd_run_with_momentum_is_refused_in_one_line(tmp_path, data
 
 @pytest.mark.slow  # trains the example
 def test_overwrite_train_dir_starts_over(run_copy, data_sets):
-    result = train.train(
+    result = job.train(
         tiny_config(run_copy, data_sets[1], max_steps=4, overwrite_train_dir=True)
     )
     assert (result.start_step, result.global_step) == (0, 4)
@@ -104,10 +104,10 @@ def test_overwrite_train_dir_starts_over(run_copy, data_sets):
 def test_without_a_config_file_a_wrong_model_is_refused_before_writing(run_copy, data_sets):
     os.remove(os.path.join(run_copy, run_folder.CONFIG_FILE))
     with pytest.raises(options.FlagError, match=r"is of another model or optimizer"):
-        train.train(tiny_config(run_copy, data_sets[0], model="convnet", max_steps=12))
+        job.train(tiny_config(run_copy, data_sets[0], model="convnet", max_steps=12))
     assert not os.path.exists(os.path.join(run_copy, run_folder.CONFIG_FILE))
     # The right model still resumes the run (it was not recorded as convnet).
-    result = train.train(tiny_config(run_copy, data_sets[0], max_steps=12))
+    result = job.train(tiny_config(run_copy, data_sets[0], max_steps=12))
     assert (result.start_step, result.global_step) == (8, 12)
 
 
@@ -120,7 +120,7 @@ def test_a_torn_newest_index_is_skipped_by_train_eval_and_export(run_copy, data_
     assert eval_lib.evaluate_latest(run_copy, num_towers=1).global_step == 4
     assert export_lib.export(run_copy).endswith(os.sep + "4")
     caplog.set_level("INFO", logger="cifar10")
-    result = train.train(tiny_config(run_copy, data_sets[0]))
+    result = job.train(tiny_config(run_copy, data_sets[0]))
     assert (result.start_step, result.global_step) == (4, 8)
     assert "Resuming from the checkpoint in %s at global step 4." % run_copy in (
         caplog.messages
@@ -140,7 +140,7 @@ def test_a_full_disk_names_the_folder_and_the_last_complete_checkpoint(
 
     monkeypatch.setattr(checkpoints.CheckpointWriter, "_stage", stage_until_full)
     with pytest.raises(run_errors.RunError) as error:
-        train.train(tiny_config(run_copy, data_sets[0], max_steps=16))
+        job.train(tiny_config(run_copy, data_sets[0], max_steps=16))
     message = str(error.value)
     assert "No space left on the device of --train_dir=%r" % run_copy in message
     assert "the last complete checkpoint is %s/model.ckpt-8" % run_copy in message

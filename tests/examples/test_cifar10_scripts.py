@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
-from examples.cifar10 import generate, options, planning, run_folder, train
+from examples.cifar10 import generate, job, options, planning, run_folder
 from tests.examples.test_cifar10_config import check
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,7 +87,7 @@ def _tiny_flags(train_dir, data_dir, **overrides):
 def tiny_run(tmp_path_factory, tiny_data):
     """A finished 4-step run of resnet8 on 2 CPU towers (no eval/ or export/ folder)."""
     train_dir = tmp_path_factory.mktemp("tiny_run") / "run"
-    train.train(_tiny_flags(train_dir, tiny_data))
+    job.train(_tiny_flags(train_dir, tiny_data))
     return str(train_dir)
 
 
@@ -214,10 +214,10 @@ def test_a_resume_needs_only_the_flags_that_change(tmp_path, tiny_data):
 
 
 def test_the_first_log_line_states_a_constant_learning_rate(tmp_path, tiny_data):
-    line = planning.describe(train.plan_run(_tiny_flags(tmp_path / "a", tiny_data)))
+    line = planning.describe(job.plan_run(_tiny_flags(tmp_path / "a", tiny_data)))
     assert "learning rate 0.01 (momentum), constant (no --lr_decay_epochs)" in line
     assert "none" not in line
-    line = planning.describe(train.plan_run(
+    line = planning.describe(job.plan_run(
         _tiny_flags(tmp_path / "b", tiny_data, lr_decay_epochs=[2], train_epochs=3)))
     assert "learning rate 0.01 (momentum) with decays x0.1 at steps [25];" in line
 
@@ -301,6 +301,6 @@ def test_the_train_script_resumes_with_train_dir_and_max_steps_alone(run_copy):
 def test_a_short_run_with_the_default_flags_evaluates_above_chance(tmp_path):
     flags = dict(train_dir=str(tmp_path / "run"), max_steps=40, num_towers=2,
                  device_type="cpu", seed=1)
-    train.train(flags)  # the train script's defaults otherwise: the generated data
+    job.train(flags)  # the train script's defaults otherwise: the generated data
     result = eval_lib.evaluate_latest(flags["train_dir"])
     assert result.precision_at_1 > 0.3, result  # chance is 0.1

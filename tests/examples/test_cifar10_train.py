@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from examples.cifar10 import data, eval as eval_lib, main, options, run_folder, train
+from examples.cifar10 import data, eval as eval_lib, job, main, options, run_folder
 from tests import helpers
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -132,7 +132,7 @@ def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path, caplog):
     copy_dir = str(tmp_path / "restarted")
     shutil.copytree(config["train_dir"], copy_dir)
     restarted = dict(config, train_dir=copy_dir, max_steps=SHORT_RUN_STEPS + 10)
-    result = train.train(restarted)
+    result = job.train(restarted)
     assert result.start_step == SHORT_RUN_STEPS
     assert result.global_step == SHORT_RUN_STEPS + 10
     assert run_folder.checkpoint_step(copy_dir) == SHORT_RUN_STEPS + 10
@@ -142,7 +142,7 @@ def test_restart_resumes_from_the_checkpoint_step(short_run, tmp_path, caplog):
         in caplog.messages
     )
     # Asking again for a step already reached trains nothing.
-    again = train.train(restarted)
+    again = job.train(restarted)
     assert again.start_step == again.global_step == SHORT_RUN_STEPS + 10
 
 
