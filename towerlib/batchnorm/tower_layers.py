@@ -68,6 +68,9 @@ class TowerLayers:
                             adjustment=None):
         """Batch normalization with tf.compat.v1.layers.batch_normalization's arguments.
 
+        The signature is TensorFlow's, argument for argument, so that ported
+        code changes one import and nothing else.
+
         Args:
           inputs: [N, ..., C] for axis=-1, or e.g. [N, C, H, W] with axis=1.
           axis: the channel axis, an int or a one-element list.

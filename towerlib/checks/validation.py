@@ -192,6 +192,10 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
                     probe_writes=True, required=()):
     """Checks every given option and raises one ConfigError listing all problems.
 
+    It takes every option of build_train_graph and run_training by the same
+    names (hence its length), so that a script checks all its flags at once,
+    before building anything.
+
     Options left as None are not checked. The options of build_train_graph
     go through the same checks it runs itself (towerlib.step.options), so a
     script can check a whole configuration first and get every problem at

@@ -191,6 +191,8 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
                            update=None, clipping=None):
     """Builds this replica's synchronous training step.
 
+    Its options are build_train_graph's, by the same names, plus the cluster.
+
     `update` chooses how the workers combine, as on one machine: None or
     towerlib.ParameterServer() trains through the ps tasks (below);
     towerlib.Replicated() all-reduces across the workers, in a cluster

@@ -120,6 +120,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  evaluation=None):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
+    The options are MonitoredTrainingSession's (which this replaces) plus
+    towerlib's fault handling; all keyword-only, each with a default.
+
     Args:
       train_graph: a TrainGraph from build_train_graph (with
         `towerlib.guard_numerics(optimizer)` a non-finite step's update is

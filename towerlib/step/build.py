@@ -41,6 +41,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                       summaries=True, check_isolation=True, workers=None, clipping=None):
     """Builds the multi-tower training step.
 
+    The options are keyword-only, each with a default; related choices are
+    already grouped into strategy objects (update, precision, exchange,
+    clipping, bn_mode), and what remains are independent single knobs.
+
     Args:
       tower_fn: a towerlib.TowerModel, or a callable (inputs, ctx) -> loss
         (float scalar, mean over the tower's own examples) or a dict holding

@@ -205,7 +205,10 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
                          accumulation_steps=1, ema_decay=None, learning_rate=None,
                          global_step=None, var_list=None, summaries=True,
                          check_isolation=True, workers=None, clipping=None) -> StepOptions:
-    """Checks every build option (the first bad one raises) and resolves them."""
+    """Checks every build option (the first bad one raises) and resolves them.
+
+    It takes build_train_graph's options one for one: it is their one resolver.
+    """
     given = dict(tower_fn=tower_fn, optimizer=optimizer, bn_mode=bn_mode, update=update,
                  precision=precision, exchange=exchange,
                  accumulation_steps=accumulation_steps, ema_decay=ema_decay,

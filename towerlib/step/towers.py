@@ -172,6 +172,9 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                  micro_batch=0):
     """Builds `tower_fn` once per device and returns what each tower made.
 
+    Public (towerlib.build_towers) for custom steps: it takes the tower-related
+    options of build_train_graph by the same names.
+
     Args:
       tower_fn: a TowerModel or a callable (inputs, ctx) -> loss or dict.
       inputs: the global batch, a nest of tensors split along axis 0 across
