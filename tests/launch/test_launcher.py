@@ -4,6 +4,7 @@ and no process left behind on any path. The launcher runs in this process."""
 import io
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -169,3 +170,48 @@ def test_the_launchers_own_exception_leaves_no_process(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="a bug in the launcher"):
         launch(tmp_path, flags=["--grandchild", "--sleep", "60"])
     assert_none_alive(tmp_path)
+
+
+def free_port_base(count, avoid=()):
+    """A port p with p..p+count-1 free now (for a multi-host job's fixed ports)."""
+    for _ in range(50):
+        with ports_lib.hold_free_ports(1) as held:
+            base = held.ports[0]
+        candidates = list(range(base, base + count))
+        if set(candidates) & set(avoid) or base + count > 65535:
+            continue
+        try:
+            ports_lib.check_free(candidates, "test")
+            return base
+        except ports_lib.PortTakenError:
+            continue
+    raise AssertionError("no free consecutive ports")
+
+
+def test_two_hosts_shares_make_one_cluster(tmp_path):
+    """Two launchers as on two hosts (here both 127.0.0.1, each with its own port base):
+    every worker gets the same cluster and its own index, and binds its address."""
+    first = free_port_base(2)
+    second = free_port_base(2, avoid=range(first, first + 2))
+    hosts = (f"127.0.0.1:{first}", f"127.0.0.1:{second}")
+    results = {}
+
+    def run_host(index):
+        launcher = Launcher(fake_command(tmp_path, "--bind"),
+                            JobPlan(2, hosts=hosts, host_index=index),
+                            Output(io.BytesIO(), io.BytesIO()), stop_grace_secs=5.0)
+        results[index] = launcher.run()
+
+    threads = [threading.Thread(target=run_host, args=(index,)) for index in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert [results[i].status for i in (0, 1)] == [0, 0], results
+    found = records(tmp_path)
+    assert sorted(found) == [f"worker-{i}-0" for i in range(4)]
+    expected = [f"127.0.0.1:{base + i}" for base in (first, second) for i in range(2)]
+    for index in range(4):
+        config = found[f"worker-{index}-0"]["tf_config"]
+        assert config == {"cluster": {"worker": expected},
+                          "task": {"type": "worker", "index": index}}

@@ -41,12 +41,21 @@ def test_a_hosts_share_of_a_multi_host_job():
     assert info.replica_index == 2 and not info.is_chief
 
 
+def test_hosts_may_carry_their_own_port_base():
+    plan = JobPlan(workers=2, hosts=("a:3000", "b", "[::1]:4000"), host_index=2,
+                   port_base=5000)
+    assert plan.cluster() == {"worker": ["a:3000", "a:3001", "b:5000", "b:5001",
+                                         "[::1]:4000", "[::1]:4001"]}
+    assert plan.fixed_ports() == [4000, 4001]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(workers=0), "--workers 0: a job needs at least 1 worker"),
     (dict(workers=1, ps=-1), "--ps -1"),
     (dict(workers=1, ps=1, hosts=("a",)), "--ps with --hosts"),
     (dict(workers=1, hosts=("a", "b"), host_index=2), "--host_index 2 is not an index"),
-    (dict(workers=2, hosts=("a",), port_base=65535), "--port_base 65535"),
+    (dict(workers=2, hosts=("a",), port_base=65535), "port base 65535"),
+    (dict(workers=1, hosts=("a:x",)), "--hosts: 'a:x' is not 'name' or 'name:port'"),
 ])
 def test_impossible_plans_are_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):

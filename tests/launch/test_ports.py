@@ -55,7 +55,7 @@ def test_check_free_names_a_taken_fixed_port():
     port = taken.getsockname()[1]
     try:
         with pytest.raises(ports.PortTakenError, match=f"port {port} \\(--port_base\\) is "
-                                                       "taken on this host"):
+                                                       "taken on this host.*Fix: stop"):
             ports.check_free([port], "--port_base")
     finally:
         taken.close()

@@ -45,7 +45,9 @@ def _parser():
         help="restarts of every task after a retryable failure (status 137, 138, 143)")
     add("--tasks", default="",
         help="show only these tasks' output, e.g. worker:0,ps:0 (default: all)")
-    add("--hosts", default="", help="every host of a multi-host job, the same on each host")
+    add("--hosts", default="",
+        help="every host of a multi-host job, the same on each host: name or name:port "
+             "(that host's own port base)")
     add("--host_index", type=int, default=None, help="this host's index in --hosts")
     add("--port_base", type=int, default=2222,
         help="multi-host: worker i of a host listens on port_base + i")
@@ -98,7 +100,7 @@ def main(argv=None):
     try:
         options, plan, command = parse_args(argv)
         if plan.multi_host:
-            ports_lib.check_free(plan.fixed_ports(), "--port_base")
+            ports_lib.check_free(plan.fixed_ports(), "this host's, from --port_base or --hosts")
     except (UsageError, ports_lib.PortTakenError) as error:
         _usage_exit(str(error))
     output = output_lib.Output(shown=options.tasks or None)

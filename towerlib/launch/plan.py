@@ -4,8 +4,9 @@ One machine: `workers` worker tasks (and `ps` ps tasks for the parameter-server
 layout) at 127.0.0.1 on ports the launcher holds (launch.ports). Several
 machines: the same command on every host, with the host list and this host's
 index; each host runs `workers` workers, host h's worker i being worker
-h * workers + i at hosts[h]:port_base + i, so every host computes the same
-cluster without talking to the others.
+h * workers + i at hosts[h]:port_base + i (a host written 'name:port' uses
+its own port base), so every host computes the same cluster without talking
+to the others.
 
 The cluster has the jobs towerlib.cluster.spec reads: 'worker' (worker 0 is the
 chief: no 'chief' job is written) and 'ps' when there are ps tasks.
@@ -45,8 +46,8 @@ class JobPlan:
     Attributes:
       workers: worker tasks on each host (the whole job's on one machine).
       ps: ps tasks (one machine only).
-      hosts: every host of a multi-host job, in the same order on each; ()
-        on one machine.
+      hosts: every host of a multi-host job, in the same order on each
+        ('name', or 'name:port' for that host's own port base); () on one machine.
       host_index: which of `hosts` this is.
       port_base: a multi-host job's worker i on a host listens on port_base + i.
     """
@@ -68,9 +69,23 @@ class JobPlan:
         if self.hosts and not 0 <= self.host_index < len(self.hosts):
             raise ValueError(f"--host_index {self.host_index} is not an index of --hosts "
                              f"({len(self.hosts)} hosts: 0..{len(self.hosts) - 1}).")
-        if self.hosts and not 0 < self.port_base <= 65536 - self.workers:
-            raise ValueError(f"--port_base {self.port_base}: ports port_base.."
-                             f"port_base+{self.workers - 1} must lie in 1..65535.")
+        for _, base in self.host_addresses():
+            if not 0 < base <= 65536 - self.workers:
+                raise ValueError(f"port base {base} (--port_base or a host's :port): "
+                                 f"ports base..base+{self.workers - 1} must lie in "
+                                 "1..65535.")
+
+    def host_addresses(self):
+        """[(host name, its port base)] of a multi-host job, in --hosts order."""
+        pairs = []
+        for host in self.hosts:
+            name, sep, port = host.rpartition(":")
+            if not sep or "]" in port:   # no port (an IPv6 literal's colons aside)
+                name, port = host, str(self.port_base)
+            if not name or not port.isdigit():
+                raise ValueError(f"--hosts: {host!r} is not 'name' or 'name:port'.")
+            pairs.append((name, int(port)))
+        return pairs
 
     @property
     def multi_host(self):
@@ -89,7 +104,8 @@ class JobPlan:
 
     def fixed_ports(self):
         """A multi-host job's ports on this host (no choice: the others must know them)."""
-        return [self.port_base + i for i in range(self.workers)]
+        base = self.host_addresses()[self.host_index][1]
+        return [base + i for i in range(self.workers)]
 
     def cluster(self, ports=()):
         """{'worker': [...], 'ps': [...]}: the job's addresses.
@@ -98,8 +114,8 @@ class JobPlan:
         local_tasks() order; ignored for a multi-host job.
         """
         if self.hosts:
-            return {WORKER: [f"{host}:{port}" for host in self.hosts
-                             for port in self.fixed_ports()]}
+            return {WORKER: [f"{name}:{base + i}" for name, base in self.host_addresses()
+                             for i in range(self.workers)]}
         addresses = [f"127.0.0.1:{port}" for port in ports]
         jobs = {WORKER: addresses[:self.workers]}
         if self.ps:

@@ -104,7 +104,8 @@ def check_free(ports, what):
         except OSError as error:
             raise PortTakenError(
                 error.errno, f"port {port} ({what}) is taken on this host: "
-                f"{error.strerror}. Fix: stop what holds it, or choose another "
-                "--port_base (the same on every host)") from None
+                f"{error.strerror}. Fix: stop what holds it, or choose other ports "
+                "(--port_base, or this host's name:port in --hosts, the same on every "
+                "host)") from None
         finally:
             sock.close()
