@@ -1,5 +1,7 @@
 """The chief's broadcast sets every copy to tower 0's values, for every dtype, exactly."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -39,3 +41,21 @@ def test_every_copy_takes_tower_0s_bits():
                 assert np.asarray(theirs).dtype == np.asarray(mine).dtype
             assert session.run(copies["step"][1]) == 2**40 + 3  # int64, exact
             assert bool(session.run(copies["flag"][1])) is True
+
+
+def test_initialize_in_a_users_own_session_is_bounded_when_a_worker_is_absent():
+    """Issue 34, item 2: the broadcast waits for every worker of the group; one that
+    never starts costs timeout_secs and a TimeoutError naming the fix, not a hang."""
+    with tf.Graph().as_default():
+        def tower(x, ctx):
+            w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
+            return tf.reduce_mean(x * w)
+        train = towerlib.build_train_graph(
+            tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            num_towers=2, update=towerlib.Replicated(), workers=towerlib.WorkerGroup(2, 0))
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match=r"did not complete within 2 s: a worker "
+                               r"of the group has not started.*Fix: start every worker"):
+                train.initialize(session, timeout_secs=2)
+            assert time.monotonic() - started < 30

@@ -83,13 +83,20 @@ class TrainGraph:
     accumulation_buffers: Tuple[Any, ...] = ()
     gradient_norm: Any = None
 
-    def initialize(self, session):
+    def initialize(self, session, timeout_secs=600.0):
         """Initializes every variable for a plain Session (run_training needs none).
 
         The global variables first, then, in a separate run, the local ones:
         replicated copies (and their slots) read tower 0's initialized values.
         After restoring tower 0's variables from a checkpoint instead, run
         `sync_copies_op` (when not None).
+
+        Across workers (built with `workers=`) the chief's values are then
+        broadcast to every worker, which waits for all of them: at most
+        `timeout_secs`, then TimeoutError naming the fix. Bound each training
+        step in your own Session too: set `operation_timeout_in_ms` in its
+        ConfigProto (a step waiting for a lost worker then raises
+        DeadlineExceededError instead of waiting forever).
         """
         # Both ops built before the first run: grouping ops into a new op after a
         # session ran them mutates them (TensorFlow warns, and will refuse).
@@ -99,7 +106,15 @@ class TrainGraph:
         session.run(global_init)
         session.run(local_init)
         if self.broadcast_op is not None:
-            session.run(self.broadcast_op)
+            options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout_secs * 1000)))
+            try:
+                session.run(self.broadcast_op, options=options)
+            except tf.errors.DeadlineExceededError:
+                raise TimeoutError(
+                    f"initialize: the chief's broadcast to every worker did not complete "
+                    f"within {timeout_secs:g} s: a worker of the group has not started or "
+                    "has not called initialize. Fix: start every worker (each one "
+                    "initializes), or give initialize a longer timeout_secs.") from None
 
 
 def ema_restore_map(ema_decay, var_list=None):
