@@ -53,3 +53,24 @@ def test_hidden_tasks_are_not_written_but_their_last_line_is_kept():
     assert out.getvalue() == b"[worker 0] shown line\n"
     assert output.last_line(hidden) == "hidden line"
     output.note("summary: done")
+
+
+class ClosedPipe(io.BytesIO):
+    def write(self, data):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_output_does_not_stop_the_reading():
+    """`towerlib-launch ... | head`: once head is gone, the task's lines are still read
+    (dropped), so the task never blocks on a full pipe."""
+    output = Output(ClosedPipe(), ClosedPipe())
+    task = Task("worker", 0)
+    read_end, write_end = os.pipe()
+    reader = output.follow(task, os.fdopen(read_end, "rb"))
+    for i in range(2000):   # far more than a pipe holds
+        os.write(write_end, b"y" * 100 + b" %d\n" % i)
+    os.close(write_end)
+    reader.join(30)
+    assert not reader.is_alive()
+    assert output.last_line(task).endswith(" 1999")
+    output.note("summary: done")

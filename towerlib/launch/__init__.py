@@ -10,7 +10,8 @@ prefixed with its task. SIGINT and SIGTERM are forwarded to every task; no
 task process outlives the launcher. A task that exits with a status of
 towerlib.cluster.RESTART_STATUSES (138 a lost peer, 137, 143) stops every
 other task, and the whole job restarts on new ports, up to --max_restarts;
-the scripts resume from their newest checkpoint. The last line is a summary
+the scripts resume from their newest checkpoint (each task's
+TOWERLIB_LAUNCH_RESTART says which restart it belongs to). The last line is a summary
 naming each attempt's first failure; the launcher's status is 0 on success,
 else the first failure's.
 

@@ -33,8 +33,13 @@ class Output:
 
     def _write(self, stream, data):
         with self._lock:
-            stream.write(data)
-            stream.flush()
+            try:
+                stream.write(data)
+                stream.flush()
+            except (OSError, ValueError):
+                # The reader of our output is gone (`| head`): drop the line, and go on
+                # reading the task's, which would otherwise block on a full pipe.
+                pass
 
     def note(self, text):
         """One line of the launcher's own, on stderr."""
