@@ -7,6 +7,8 @@
 pid of its grandchild (a `sleep` in its process group, with --grandchild).
 --fail JOB:INDEX:RESTART:STATUS exits with STATUS as that task on that restart
 (TOWERLIB_LAUNCH_RESTART); STATUS 137 or 143 kills itself by that signal.
+--stop_secs S: SIGINT or SIGTERM is written to DIR/<job>-<index>-signals.txt, and
+S seconds later the task exits 128 + the first signal (a clean stop that saves).
 --bind listens on its own TF_CONFIG address as TensorFlow's server does
 (SO_REUSEPORT when TF_GRPC_REUSE_PORT=1); if it cannot, it prints the line
 towerlib.cluster.exit_by_meaning prints for an AddressError and exits 2.
@@ -47,11 +49,21 @@ def main():
     parser.add_argument("--fail", action="append", default=[])
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ignore_term", action="store_true")
+    parser.add_argument("--stop_secs", type=float, default=None)
     args = parser.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     config = json.loads(os.environ["TF_CONFIG"])
     job, index = config["task"]["type"], config["task"]["index"]
+    received = []
+    if args.stop_secs is not None:
+        def on_signal(signum, frame):
+            received.append((signum, time.monotonic()))
+            with open(os.path.join(args.record, f"{job}-{index}-signals.txt"), "a") as out:
+                out.write(signal.Signals(signum).name + "\n")
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
     restart = os.environ.get("TOWERLIB_LAUNCH_RESTART", "?")
     held = bind_own_port(config) if args.bind else None
     record = {"pid": os.getpid(), "tf_config": config, "pgid": os.getpgid(0)}
@@ -73,7 +85,12 @@ def main():
                 os.kill(os.getpid(), int(status) - 128)
                 time.sleep(10)
             sys.exit(int(status))
-    time.sleep(args.sleep)
+    end = time.monotonic() + args.sleep
+    while time.monotonic() < end:
+        if received and time.monotonic() > received[0][1] + args.stop_secs:
+            print(f"{job} {index} stopped cleanly", flush=True)
+            sys.exit(128 + received[0][0])
+        time.sleep(0.02)
     print(f"{job} {index} done", flush=True)
     del held
 

@@ -3,6 +3,7 @@ and no process left behind on any path. The launcher runs in this process."""
 
 import io
 import json
+import signal
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ from towerlib.launch import ports as ports_lib
 from towerlib.launch.output import Output
 from towerlib.launch.plan import JobPlan, Task
 from towerlib.launch.supervisor import Launcher
-from tests.launch.tasks import assert_none_alive, fake_command, records
+from tests.launch.tasks import assert_none_alive, fake_command, records, wait_until
 
 
 def launch(tmp_path, workers=2, ps=0, flags=(), **options):
@@ -215,3 +216,25 @@ def test_two_hosts_shares_make_one_cluster(tmp_path):
         config = found[f"worker-{index}-0"]["tf_config"]
         assert config == {"cluster": {"worker": expected},
                           "task": {"type": "worker", "index": index}}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_launcher_reaches_each_task_once(tmp_path, signum):
+    """A task that saves before it stops gets the time to (one signal, then the grace):
+    a second one would tell towerlib's loop to stop at once, unsaved."""
+    out = io.BytesIO()
+    launcher = Launcher(fake_command(tmp_path, "--stop_secs", "1.0", "--sleep", "60"),
+                        JobPlan(2, 1), Output(out, io.BytesIO()), stop_grace_secs=10.0)
+    started = lambda: len(records(tmp_path)) == 3
+    timer = threading.Thread(target=lambda: (wait_until(started, 30, "3 tasks"),
+                                             launcher.forward_signal(signum)))
+    timer.start()
+    result = launcher.run()
+    timer.join(5)
+    assert result.status == 128 + signum and result.signal == signum
+    assert result.failures == []
+    for name in ("worker-0", "worker-1", "ps-0"):
+        sent = (tmp_path / f"{name}-signals.txt").read_text().split()
+        assert sent == [signal.Signals(signum).name], name
+    assert out.getvalue().decode().count("stopped cleanly") == 3
+    assert_none_alive(tmp_path)

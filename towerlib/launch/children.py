@@ -82,11 +82,12 @@ def signal_child(child, signum):
 
 
 def stop_children(children, grace_secs, signum=signal.SIGTERM):
-    """Stops every child: `signum` to those still running, up to `grace_secs` for
-    them to exit, then SIGKILL to every group; reaps each. Bounded: returns within
-    grace_secs + a few seconds whatever the children do."""
+    """Stops every child: `signum` to those still running (None: they were signalled
+    already, and towerlib's scripts take a second signal as 'stop now, unsaved'), up
+    to `grace_secs` for them to exit, then SIGKILL to every group; reaps each.
+    Bounded: returns within grace_secs + a few seconds whatever the children do."""
     for child in children:
-        if child.status() is None:
+        if signum is not None and child.status() is None:
             signal_child(child, signum)
     deadline = time.monotonic() + grace_secs
     while any(child.status() is None for child in children) and \

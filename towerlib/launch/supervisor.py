@@ -155,8 +155,9 @@ class Launcher:
                 self.output.note(f"attempt {attempt + 1}: started {self._started()}{since}; "
                                  f"cluster {cluster}")
                 return None if self.signal else self._watch(attempt)
-            finally:
-                children_lib.stop_children(self.children, self.stop_grace_secs)
+            finally:   # a signal to the launcher was forwarded: no second one
+                children_lib.stop_children(self.children, self.stop_grace_secs,
+                                           None if self.signal else signal.SIGTERM)
 
     def _started(self):
         return ", ".join(f"{child.task.name} (pid {child.pid})" for child in self.children)
