@@ -7,6 +7,8 @@ scored -(w - 0.5)^2 every 2 steps, patience 2: the definition stops at step 10.
 """
 
 import argparse
+import os
+import signal
 import time
 
 import numpy as np
@@ -26,8 +28,19 @@ def score(inputs, ctx):
 
 
 class Slow(tf.compat.v1.train.SessionRunHook):
+    """Sleeps after each step; with die_before_step, SIGKILLs this process just before
+    running that step (the checkpoint of the step before is then saved)."""
+
+    def __init__(self, die_before_step=0):
+        self.ran, self.die_before_step = 0, die_before_step
+
+    def before_run(self, run_context):
+        if self.die_before_step and self.ran + 1 == self.die_before_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def after_run(self, run_context, run_values):
-        time.sleep(0.5)
+        self.ran += 1
+        time.sleep(0.3)
 
 
 def main(args):
@@ -46,7 +59,7 @@ def main(args):
                                       reuse_variables=True),
             every_n_steps=2, metric="score", initializer=batches.initializer, patience=2)
         result = cluster_lib.run_distributed_training(
-            graph, server, train_dir=args.train_dir, max_steps=100, hooks=[Slow()],
+            graph, server, train_dir=args.train_dir, max_steps=100, hooks=[Slow(args.die_before_step)],
             evaluation=evaluation, save_checkpoint_steps=2, startup_timeout_secs=60,
             step_deadline_secs=30)
     print(f"finished: global_step={result.global_step} "
@@ -59,5 +72,6 @@ if __name__ == "__main__":
     parser.add_argument("--task", type=int)
     parser.add_argument("--ports")
     parser.add_argument("--train_dir")
+    parser.add_argument("--die_before_step", type=int, default=0)
     arguments = parser.parse_args()
     cluster_lib.exit_by_meaning(lambda: main(arguments), task=f"worker {arguments.task}")

@@ -144,3 +144,25 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
         assert np.all(np.isfinite(tf.train.load_variable(newest, "w")))
     finally:
         group.close()
+
+
+@pytest.mark.parametrize("flag, item, own, chief", [
+    ("--learning_rate=0.2", "optimizer learning_rate", "0.2", "0.1"),
+    ("--num_towers=1", "number of towers", "1", "2"),
+    ("--bn_mode=all_towers", "option bn_mode", "'all_towers'", "'sync'"),
+])
+def test_workers_built_from_different_flags_stop_at_once_naming_the_difference(
+        processes, tmp_path, flag, item, own, chief):
+    """Issue 34, item 6: copies that would drift apart (or a collective that would wait
+    for the step deadline) are refused at startup, on both workers, in one line."""
+    flags = worker_flags(tmp_path / "train", 20)
+    processes.start("worker0", flags + ["--job_name=worker", "--task_index=0"])
+    processes.start("worker1", flags + [flag, "--job_name=worker", "--task_index=1"])
+    started = time.monotonic()
+    for name in ("worker0", "worker1"):
+        assert processes.wait(name, 60) == 2, processes.describe(name)
+        line = one_error_line(processes.log_text(name))
+        assert (f"Worker 1 builds another step than the chief: its {item} is {own}, the "
+                f"chief's {chief}. Fix: start every worker with the same flags") in line
+        assert "step 1," not in processes.log_text(name)  # no step ran
+    assert time.monotonic() - started < 60  # seconds, not a step deadline

@@ -41,6 +41,7 @@ from typing import Any, Tuple
 import numpy as np
 import tensorflow as tf
 
+from towerlib.cluster import agreement
 from towerlib.cluster import placement
 from towerlib.cluster import recovery
 from towerlib.cluster import replica_watch
@@ -82,12 +83,15 @@ class AllReduceTrainGraph:
       cluster: the ClusterInfo it was built for.
       session_config: the ConfigProto of this worker's server and sessions.
       hooks: extra session hooks (none).
+      step_description: {item: text} of what defines the step, which every
+        worker checks against the chief's at startup (towerlib.cluster.agreement).
     """
 
     train_graph: TrainGraph
     cluster: ClusterInfo
     session_config: Any
     hooks: Tuple[Any, ...] = ()
+    step_description: Any = None  # agreement.describe_step, compared at startup
 
     def __getattr__(self, name):
         # TrainGraph's fields (loss, tower_shares, train_op...) read through, so a hook
@@ -114,8 +118,12 @@ def build_allreduce_train_graph(tower_fn, inputs, optimizer, cluster, *, num_tow
     train_graph = build_train_graph(tower_fn, inputs, optimizer, devices=devices,
                                     update=update, workers=cluster.worker_group,
                                     **build_options)
+    with train_graph.train_op.graph.as_default():
+        description = agreement.describe_step(train_graph, optimizer,
+                                              dict(build_options, update=update))
     return AllReduceTrainGraph(train_graph, cluster,
-                               placement.session_config(cluster, len(devices)))
+                               placement.session_config(cluster, len(devices)),
+                               step_description=description)
 
 
 def worker_train_dir(train_dir, cluster):
@@ -292,6 +300,14 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
             "save_checkpoint_secs saves each worker at different steps, and a restart "
             "needs a step every worker saved. Fix: save_checkpoint_steps across workers.")
     wait_for_workers(cluster, startup_timeout_secs)
+    if graph.step_description is not None:
+        try:  # before anything is restored or exchanged: one line, every worker
+            agreement.check_workers_agree(cluster, server, graph.session_config,
+                                          graph.step_description, startup_timeout_secs)
+        except _LOST_PEER_ERRORS:
+            raise WorkerLostError(_lost_message(
+                cluster, startup_timeout_secs, "the workers could not compare their "
+                "steps")) from None
     own_dir = worker_train_dir(train_dir, cluster)
     tf.io.gfile.makedirs(own_dir)
     try:
