@@ -39,14 +39,10 @@ import time
 os.environ.setdefault(
     "TF_CPP_MIN_LOG_LEVEL", "2" if os.path.exists("/proc/driver/nvidia/version") else "3")
 
+import sys  # noqa: E402
+
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import towerlib  # noqa: E402
-from towerlib import cluster as cluster_lib  # noqa: E402
-from towerlib import layers  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -77,12 +73,31 @@ flags.DEFINE_float("ps_timeout_secs", 0.0,
 flags.DEFINE_float("startup_timeout_secs", 600.0,
                    "A worker gives up if the ps tasks do not answer (or, for a "
                    "non-chief, the chief has not initialized the model) within this long.")
-flags.DEFINE_float("step_deadline_secs", cluster_lib.DEFAULT_STEP_DEADLINE_SECS,
+flags.DEFINE_float("step_deadline_secs", 300.0,
                    "Bound on one synchronous step: a worker lost for good makes the "
                    "others stop after this long, with one line naming it.")
-flags.DEFINE_float("ps_restart_timeout_secs", cluster_lib.DEFAULT_PS_RESTART_TIMEOUT_SECS,
+flags.DEFINE_float("ps_restart_timeout_secs", 300.0,
                    "A worker whose ps task stopped answering during training waits "
                    "this long for it to restart, then fails naming the ps task.")
+
+
+if __name__ == "__main__":
+    # --help answers and a bad flag is one line (exit 2) here, before TensorFlow loads.
+    app.define_help_flags()
+    try:
+        FLAGS(sys.argv)
+    except flags.Error as error:
+        text = str(error).strip().replace(" ?", "?")
+        sys.stderr.write(f"error: {text}{'' if text[-1:] in '.?' else '.'} See "
+                         "--helpshort for the flags.\n")
+        sys.exit(2)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import towerlib  # noqa: E402
+from towerlib import cluster as cluster_lib  # noqa: E402
+from towerlib import layers  # noqa: E402
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (8, 8, 3)
@@ -200,12 +215,15 @@ def cluster_mismatch(cluster):
 def task_name(cluster):
     """How the error line names this process: 'worker 1', 'ps 0' or 'one machine'."""
     if cluster is None:
-        return "one machine"
+        return f"{FLAGS.job_name} {FLAGS.task_index}" if FLAGS.job_name else "one machine"
     return f"{cluster.job_name} {cluster.task_index}"
 
 
 def run_task(cluster):
     """This process's whole work: one machine, a ps task or a training replica."""
+    for name in ("num_examples", "global_batch_size"):
+        if FLAGS[name].value < 1:
+            raise ValueError(f"--{name}={FLAGS[name].value}: give at least 1.")
     mismatch = cluster_mismatch(cluster) if cluster is not None else None
     if mismatch:
         # Every task refuses, the ps too: it would wait for workers that never come.
