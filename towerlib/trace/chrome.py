@@ -6,15 +6,16 @@ The file is the Trace Event Format's JSON object form:
 
     {"traceEvents": [
         {"ph": "M", "name": "process_name", "pid": 0,
-         "args": {"name": "/job:localhost/replica:0/task:0/device:CPU:0"}},
+         "args": {"name": "tower 0 (/job:localhost/replica:0/task:0/device:CPU:0)"}},
         {"ph": "X", "name": "Conv2D", "cat": "compute", "pid": 0, "tid": 0,
          "ts": 105, "dur": 40, "args": {"name": "tower_0/conv1/Conv2D",
          "op": "Conv2D", "phase": "compute", "tower": 0}},
         ...],
      "displayTimeUnit": "ms", "otherData": {"summary": "traced step 21: ..."}}
 
-One process (pid) per lane of the trace (`step_stats.dev_stats`, in order,
-GPU stream and memcpy lanes included, each named by its `device` string).
+One process (pid) per lane of the trace (`step_stats.dev_stats`, GPU stream
+and memcpy lanes included): the towers' lanes first, in tower order, each named
+'tower i (<its device string>)', then the others in the trace's order.
 An op is a complete event ('X') named by its op type (its node name when
 the trace gives no type); ts and dur are microseconds, ts counted from the
 step's first op. Ops that run at the same time on one device (CPU
@@ -50,6 +51,20 @@ def _rows(events: Sequence[lanes.OpEvent]) -> List[int]:
     return rows
 
 
+def _tower_ordered_lanes(step_stats, profile):
+    """[(label, events)]: the towers' lanes first, by tower, each labelled 'tower i
+    (device)'; then the other lanes in the trace's order."""
+    tower_by_device = {tower.device: tower.index for tower in profile.towers}
+    labelled = []
+    for order, (lane, events) in enumerate(lanes.lane_events(step_stats).items()):
+        device = events[0].device if events else lane
+        tower = tower_by_device.get(device, tower_by_device.get(lane))
+        label = lane if tower is None else f"tower {tower} ({lane})"
+        rank = (0, tower, order) if tower is not None else (1, 0, order)
+        labelled.append((rank, label, events))
+    return [(label, events) for _, label, events in sorted(labelled, key=lambda x: x[0])]
+
+
 def chrome_trace(run_metadata_or_step_stats, *, tower_devices: Optional[Sequence[str]] = None,
                  profile: Optional[analysis.StepProfile] = None) -> Dict:
     """The trace as a JSON-ready dict (see the module doc).
@@ -65,9 +80,9 @@ def chrome_trace(run_metadata_or_step_stats, *, tower_devices: Optional[Sequence
         profile = analysis.analyze_step(step_stats, tower_devices)
     origin = profile.start_micros
     trace_events = []
-    for pid, (lane, events) in enumerate(lanes.lane_events(step_stats).items()):
+    for pid, (label, events) in enumerate(_tower_ordered_lanes(step_stats, profile)):
         trace_events.append({"ph": "M", "name": "process_name", "pid": pid,
-                             "args": {"name": lane}})
+                             "args": {"name": label}})
         trace_events.append({"ph": "M", "name": "process_sort_index", "pid": pid,
                              "args": {"sort_index": pid}})
         for event, row in zip(events, _rows(events)):
