@@ -217,7 +217,7 @@ case("`precision='float16'` with `guard_numerics(..., check_gradients=True)`", B
 
 # --- the strategy objects -----------------------------------------------------
 
-for _scale in (-1, 0, math.inf, math.nan, "dynamc", True):
+for _scale in (-1, 0, 1e-30, math.inf, math.nan, "dynamc", True):
     case(f"`towerlib.Float16(loss_scale={_scale!r})`", "`Float16(...)`", "loss_scale")(
         lambda tmp, scale=_scale: towerlib.Float16(loss_scale=scale))
 case("`towerlib.Replicated(pack_bytes=-1)`", "`Replicated(...)`", "pack_bytes")(
@@ -487,6 +487,8 @@ case("`max_steps=-1`", RUN, "max_steps")(
     lambda tmp: _train(tmp, _build(), max_steps=-1))
 case("`train_dir=None`, `max_steps=None`", RUN, "train_dir")(
     lambda tmp: towerlib.run_training(_build(), train_dir=None, max_steps=None))
+case("`train_dir='~/runs/a'`", RUN, "train_dir", "expanduser")(
+    lambda tmp: towerlib.run_training(_build(), train_dir="~/runs/a", max_steps=1))
 
 
 @case("`train_dir` a file", RUN, "train_dir")
@@ -705,6 +707,9 @@ case("`--ps_hosts=localhost` (no port)", "`cluster.cluster_from_flags`", "localh
                                                              "worker", 0))
 case("`TF_CONFIG` that is not JSON", "`cluster.resolve_cluster`", "TF_CONFIG")(
     lambda tmp: cluster_lib.resolve_cluster(environ={"TF_CONFIG": "{not json"}))
+case("`TF_CONFIG` with a task and no cluster", "`cluster.resolve_cluster`", "TF_CONFIG",
+     "cluster")(lambda tmp: cluster_lib.resolve_cluster(
+         environ={"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}'}))
 case("`bn_mode='sync'` across 2 workers", "`cluster.build_sync_train_graph`",
      "bn_mode='sync'", "workers")(
     lambda tmp: cluster_lib.build_sync_train_graph(

@@ -258,3 +258,12 @@ def test_weights_moving_average_is_updated_once_per_global_step_by_the_chief():
             assert ema_updates
             runs_ema = bool(ema_updates & upstream_ops(sync.train_graph.train_op))
             assert runs_ema == (task_index == 0)
+
+
+def test_a_tf_config_with_a_task_and_no_cluster_is_refused():
+    """Issue 34, item 10: it trained alone on one machine without a word."""
+    for value in ('{"task": {"type": "worker", "index": 1}}',
+                  '{"cluster": {}, "task": {"type": "worker", "index": 0}}'):
+        with pytest.raises(ValueError, match=r'TF_CONFIG has a "task" but no "cluster"'):
+            cluster_lib.resolve_cluster(environ={"TF_CONFIG": value})
+    assert cluster_lib.resolve_cluster(environ={"TF_CONFIG": "{}"}) is None

@@ -296,3 +296,12 @@ def test_updates_inside_the_cond_run_on_their_variables_devices():
     for index in range(2):
         device = next(d for n, d in placed.items() if f"update_w{index}/" in n)
         assert device.endswith(f"device:CPU:{index}"), placed
+
+
+@pytest.mark.parametrize("scale", [1e-30, 0.5, 0, -4.0])
+def test_a_fixed_loss_scale_below_1_is_refused(scale):
+    """Issue 34, item 10: Float16(loss_scale=1e-30) built and trained with weights that
+    never moved (every gradient underflowed in float16)."""
+    with pytest.raises(ValueError, match=r"finite number >= 1 .* the weights stop moving"):
+        towerlib.Float16(loss_scale=scale)
+    assert towerlib.Float16(loss_scale=1).loss_scale == 1.0

@@ -37,6 +37,11 @@ def check_train_dir(check, train_dir, probe_writes):
                   "give a directory for checkpoints and summaries.")
         return
     train_dir = os.fspath(train_dir)
+    if train_dir.startswith("~"):
+        check.add("train_dir", f"{train_dir!r} starts with '~', which only a shell "
+                  "expands: it would create a folder named '~' here.",
+                  f"pass os.path.expanduser({train_dir!r}).")
+        return
     if "://" in train_dir:
         return  # remote file system: writability shows at the first save
     if os.path.exists(train_dir) and not os.path.isdir(train_dir):

@@ -229,6 +229,11 @@ def cluster_from_tf_config(tf_config):
         raise ValueError(f"TF_CONFIG must be a JSON object, got {type(tf_config).__name__}.")
     cluster = tf_config.get("cluster")
     if not cluster:
+        if tf_config.get("task"):
+            raise ValueError(
+                'TF_CONFIG has a "task" but no "cluster": this process would train '
+                'alone. Fix: add "cluster": {"worker": ["host:port", ...]}, or unset '
+                "TF_CONFIG to train on one machine.")
         return None
     if not isinstance(cluster, dict):
         raise ValueError('TF_CONFIG "cluster" must map job names to address lists.')

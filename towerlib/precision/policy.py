@@ -78,10 +78,11 @@ class Float16(Precision):
         if scale == "dynamic" or isinstance(scale, loss_scaling.LossScale):
             return
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
-                or not math.isfinite(scale) or scale <= 0:
+                or not math.isfinite(scale) or scale < 1:
             raise ValueError(
                 f"Float16(loss_scale={scale!r}): the loss scale must be 'dynamic', a "
-                "finite number > 0 (e.g. 1024, a fixed scale) or a "
+                "finite number >= 1 (e.g. 1024, a fixed scale; below 1 it pushes small "
+                "gradients under float16's range, and the weights stop moving) or a "
                 "towerlib.loss_scaling.LossScale. Fix: loss_scale='dynamic'.")
         object.__setattr__(self, "loss_scale", float(scale))  # numpy numbers too
 
