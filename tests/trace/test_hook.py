@@ -97,3 +97,20 @@ def test_in_run_training_the_traced_steps_are_the_logged_ones(tmp_path, caplog):
     assert sorted(events.Tags()["run_metadata"]) == ["step_1", "step_3"]
     assert "traced step 3: 2 towers" in caplog.text
     assert (train_dir / "traces" / "trace_step_3.json").exists()
+
+
+def test_a_resumed_run_says_which_trace_steps_it_has_passed(tmp_path, caplog):
+    """Issue 34, item 10: steps already passed when a run resumes traced nothing, silently."""
+    train_dir = tmp_path / "train"
+    for max_steps, trace_steps in ((3, []), (5, [2, 4])):
+        with tf.Graph().as_default():
+            train = tiny_train_graph()
+            with caplog.at_level(logging.INFO, logger="towerlib"):
+                towerlib.run_training(
+                    train, train_dir=str(train_dir), max_steps=max_steps,
+                    trace_steps=trace_steps, session_config=towerlib.session_config(2),
+                    save_summaries_steps=None, save_checkpoint_steps=1)
+    assert ("trace_steps [2] is at or before global step 3, where this run starts: those "
+            "are not traced") in caplog.text
+    assert sorted(p.name for p in (train_dir / "traces").glob("*.json")) == [
+        "trace_step_4.json"]

@@ -96,6 +96,14 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         del coord
         self._previous = int(session.run(self._global_step))
+        passed = sorted(s for s in self._steps if s <= self._previous)
+        if passed:  # a resumed run: say what will not be traced, once
+            logger.warning(
+                "trace_steps %s %s at or before global step %d, where this run starts: "
+                "%s. Fix: ask for later steps to trace them in this run.",
+                passed, "is" if len(passed) == 1 else "are", self._previous,
+                "nothing will be traced" if len(passed) == len(self._steps)
+                else "those are not traced")
 
     def before_run(self, run_context):
         del run_context
