@@ -191,6 +191,11 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
     Returns:
       A tensor shaped like x.
     """
+    if not (hasattr(ctx, "is_training") and hasattr(ctx, "bn_mode")):
+        raise TypeError(
+            f"batch_norm '{name}': its second argument is the tower's context (the "
+            f"tower function's `ctx`), got {type(ctx).__name__}. Fix: "
+            "towerlib.batch_norm(x, ctx, name=...).")
     rank = x.shape.rank
     if rank is None or rank < 2:
         raise ValueError(f"batch_norm needs an input of known rank >= 2, got {x.shape}.")

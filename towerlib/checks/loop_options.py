@@ -1,7 +1,7 @@
 """validate_config's checks of the training loop's options (run_training's).
 
-Each function adds ConfigProblems to a checker (towerlib.checks.validation)
-instead of raising, so that every problem of a configuration is listed at once.
+Each function adds ConfigProblems to a checker (towerlib.checks.validation), or
+returns them, instead of raising, so that every problem is listed at once.
 """
 
 import itertools
@@ -9,6 +9,8 @@ import math
 import numbers
 import os
 import uuid
+
+import tensorflow as tf
 
 
 def _is_int(value):
@@ -141,3 +143,35 @@ def check_trace_steps(check, trace_steps, max_steps=None):
         check.add("trace_steps", f"steps {', '.join(map(str, past))} are past "
                   f"max_steps={max_steps}: they would never run, and trace nothing.",
                   f"trace steps up to {max_steps}, or raise max_steps.")
+
+
+def loop_argument_problems(session_config, hooks, stop_on_signals, collective_timeout_secs):
+    """[(option, problem, fix)] for run_training's arguments of the wrong type.
+
+    Checked before anything reads them: a dict for a ConfigProto, a number for a hook,
+    a name for a signal failed deep in TensorFlow or in Python's signal module.
+    """
+    problems = []
+    if session_config is not None and not isinstance(session_config,
+                                                     tf.compat.v1.ConfigProto):
+        problems.append(("session_config", f"is a {type(session_config).__name__}.",
+                         "pass towerlib.session_config(num_towers) or a "
+                         "tf.compat.v1.ConfigProto."))
+    listed = hooks if isinstance(hooks, (list, tuple)) else None
+    if listed is None or not all(isinstance(h, tf.compat.v1.train.SessionRunHook)
+                                 for h in listed):
+        problems.append(("hooks", f"must be a list of tf.compat.v1.train.SessionRunHook, "
+                         f"got {hooks!r:.80}.", "pass e.g. hooks=[my_hook]."))
+    signals = stop_on_signals if isinstance(stop_on_signals, (list, tuple)) else None
+    if signals is None or not all(isinstance(s, numbers.Integral) and not isinstance(
+            s, bool) for s in signals):
+        problems.append(("stop_on_signals", f"must be a tuple of signal numbers, got "
+                         f"{stop_on_signals!r:.80}.",
+                         "pass e.g. (signal.SIGINT, signal.SIGTERM), or () for none."))
+    if isinstance(collective_timeout_secs, bool) or not isinstance(
+            collective_timeout_secs, numbers.Real) or not collective_timeout_secs > 0 \
+            or collective_timeout_secs == float("inf"):
+        problems.append(("collective_timeout_secs", f"is {collective_timeout_secs!r}; a "
+                         "step waiting for a tower is bounded by it.",
+                         "give a finite number of seconds > 0, above the slowest step."))
+    return problems

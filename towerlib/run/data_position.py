@@ -106,6 +106,10 @@ def saved_position_iterator(dataset, check=True):
             "saved_position_iterator builds a graph-mode iterator; call it inside "
             "`with tf.Graph().as_default():` (eagerly, save the iterator with "
             "tf.train.Checkpoint(iterator=iter(dataset)) instead).")
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"saved_position_iterator takes a tf.data.Dataset, got "
+                        f"{type(dataset).__name__}. Fix: e.g. "
+                        "tf.data.Dataset.from_tensor_slices(values).")
     if check:
         check_saveable_pipeline(dataset)
     iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)

@@ -35,6 +35,7 @@ from towerlib.checks import loop_options
 from towerlib.checks import run_time
 from towerlib.checks import validation
 from towerlib.exchange import safety as exchange_safety
+from towerlib.step import devices as devices_lib
 
 logger = logging.getLogger("towerlib")
 
@@ -132,7 +133,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       max_steps: the global step to stop at (not a count of new steps).
       hooks: extra SessionRunHooks (they run before the checkpoint hook, so
         one raising in after_run prevents that step's save).
-      session_config: e.g. towerlib.session_config(num_towers).
+      session_config: e.g. towerlib.session_config(num_towers); None gives CPU
+        towers that config (their virtual devices), GPU towers TensorFlow's default.
       master, is_chief: for distributed training; the chief alone restores
         and writes.
       save_checkpoint_steps / save_checkpoint_secs: how often to checkpoint
@@ -179,6 +181,10 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       towerlib.DataError: the input ended before the first step.
     """
     trace_steps = loop_options.bounded_trace_steps(trace_steps)  # never unbounded
+    wrong = loop_options.loop_argument_problems(session_config, hooks, stop_on_signals,
+                                                collective_timeout_secs)
+    if wrong:
+        raise validation.ConfigError([validation.ConfigProblem(*p) for p in wrong])
     validation.validate_config(
         train_dir=train_dir, max_steps=max_steps, required=("train_dir", "max_steps"),
         save_checkpoint_steps=save_checkpoint_steps,
@@ -189,6 +195,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         is_chief=is_chief, session_config=session_config,
         devices=train_graph.devices)
     _check_evaluation(evaluation, train_graph)
+    if session_config is None and any("CPU" in d.upper() for d in train_graph.devices):
+        # Towers on '/device:CPU:i' need that many (virtual) CPU devices.
+        session_config = devices_lib.session_config(len(train_graph.devices))
     if save_checkpoint_steps is None and save_checkpoint_secs is None:
         save_checkpoint_steps = 1000
     _ensure_log_output()

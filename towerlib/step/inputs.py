@@ -6,6 +6,8 @@ so shards differ by at most one; the loss weighting in `train_graph` keeps the
 objective the exact mean over all B examples.
 """
 
+import numbers
+
 import tensorflow as tf
 
 from towerlib.checks import run_time
@@ -30,6 +32,10 @@ def check_global_batch(inputs, num_towers):
     Returns the static global batch size, or None when it is only known at
     run time (then `shard_sizes` adds run-time checks).
     """
+    if isinstance(num_towers, bool) or not isinstance(num_towers, numbers.Integral) \
+            or num_towers < 1:
+        raise ValueError(f"num_towers={num_towers!r}: give the number of towers, an int "
+                         ">= 1.")
     flat = tf.nest.flatten(inputs)
     if not flat:
         raise ValueError("inputs is empty: pass the global batch as a tensor or a "
