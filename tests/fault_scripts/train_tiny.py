@@ -32,7 +32,7 @@ import towerlib  # noqa: E402
 from towerlib.run import checkpoints  # noqa: E402
 from towerlib.run import durable_files  # noqa: E402
 from towerlib.run import sessions  # noqa: E402
-from towerlib.run.trainer import step_after_update  # noqa: E402
+from towerlib.run.loop_hooks import step_after_update  # noqa: E402
 from tests.fault_scripts import tiny_model  # noqa: E402
 
 

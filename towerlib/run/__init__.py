@@ -4,7 +4,8 @@
 
 The package, one job per module:
 
-  trainer.py           run_training: the MonitoredSession loop and its hooks
+  trainer.py           run_training: the MonitoredSession loop, in phases
+  loop_hooks.py        the hooks of one run, in order, and the step facts they read
   hooks.py             the SessionRunHooks around a step (logging, checks, saving)
   evaluation_loop.py   Evaluation: evaluate every N steps, keep the best, stop early
   checkpoints.py       crash-safe checkpoints, restored from the newest complete one

@@ -26,10 +26,9 @@ from towerlib.run import data_position
 from towerlib.run import evaluation_loop
 from towerlib.run import folder_lock
 from towerlib.precision import guards
-from towerlib.run import hooks as hooks_lib
+from towerlib.run import loop_hooks
 from towerlib.run import sessions
 from towerlib.run import stopping
-from towerlib import trace
 from towerlib.checks import data_checks
 from towerlib.checks import loop_options
 from towerlib.checks import run_time
@@ -50,18 +49,6 @@ def _ensure_log_output():
         logger.setLevel(logging.INFO)
 
 
-def step_after_update(train_graph):
-    """int64 scalar: `global_step` read after `train_graph.train_op` has run.
-
-    Fetch it with the train op to know which step that run produced.
-    """
-    with train_graph.train_op.graph.as_default(), tf.name_scope("step_after_update"), \
-            tf.control_dependencies([train_graph.train_op]):
-        global_step = train_graph.global_step
-        value = global_step.read_value() if hasattr(global_step, "read_value") else global_step
-        return tf.identity(value)
-
-
 class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "loss"])):
     """(global_step, loss) after the last step run, as run_training returned before.
 
@@ -79,23 +66,6 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
     checkpoint = None
     stopped_early_at = None
     evaluation = None
-
-
-def examples_per_step_of(train_graph):
-    """The global batch of one step: an int when static, else an int32 scalar tensor.
-
-    The sum of the towers' batch sizes (`TrainGraph.contexts`); the tensor,
-    built here, is cheap to fetch with the step (it reads the batch's shape).
-    None when a tower's batch size is unknown.
-    """
-    sizes = [ctx.batch_size for ctx in train_graph.contexts]
-    if not sizes or any(size is None for size in sizes):
-        return None
-    static = [tf.get_static_value(size) for size in sizes]
-    if all(value is not None for value in static):
-        return int(sum(static))
-    with train_graph.train_op.graph.as_default(), tf.name_scope("examples_per_step"):
-        return tf.add_n([tf.cast(size, tf.int32) for size in sizes])
 
 
 def _session_creator(scaffold, master, session_config, is_chief, train_dir,
@@ -143,7 +113,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       save_summaries_steps: how often to write summaries (None: never).
       examples_per_step: the global batch size, for examples/sec; by default
         the towers' batch sizes added up, from the graph when they are
-        static, else fetched with each step (`examples_per_step_of`).
+        static, else fetched with each step (`towerlib.run.loop_hooks.examples_per_step_of`).
       scaffold: a tf.compat.v1.train.Scaffold (e.g. with its own saver).
       max_checkpoints_to_keep: how many of the newest checkpoints to keep.
       stop_on_signals: signals that stop training cleanly with a final
@@ -260,28 +230,10 @@ def _check_evaluation(evaluation, train_graph):
             "training graph, after build_train_graph.")
 
 
-@dataclasses.dataclass
-class _Hooks:
-    """The hooks of one run, and the ones the loop reads afterwards."""
-    all: list
-    step_logger: hooks_lib.StepLogger
-    session_keeper: hooks_lib.SessionKeeper
-    signal_hook: object        # stopping.SignalStopHook or None
-    checkpoint_hook: object    # hooks_lib.CrashSafeSaverHook on the chief, else None
-    session_config: object     # the caller's, bounded when collectives can wait
-    evaluation_hook: object    # evaluation_loop.EvaluationHook or None
-
-    def last_checkpoint(self):
-        return self.checkpoint_hook.last_saved if self.checkpoint_hook else None
-
-    def stop_signal(self):
-        return None if self.signal_hook is None else self.signal_hook.received
-
-
 def _run(loop):
     """run_training once its options are checked and train_dir is held."""
     restore_from = _restore_point(loop)
-    run_hooks = _build_hooks(loop)
+    run_hooks = loop_hooks.build_hooks(loop)
     creator = _session_creator(loop.scaffold, loop.master, run_hooks.session_config,
                                loop.is_chief, loop.train_dir, restore_from,
                                run_hooks.signal_hook)
@@ -322,85 +274,6 @@ def _restore_point(loop):
             "the input with towerlib.saved_position_iterator(dataset).", restore_from,
             ", ".join(unsaved))
     return restore_from
-
-
-def _build_hooks(loop):
-    """Every hook of the run, in order; built before the session finalizes the graph."""
-    train_graph, graph = loop.train_graph, loop.graph
-    step_after = step_after_update(train_graph)
-    summary_writer = None
-    if loop.is_chief and loop.save_summaries_steps:
-        with graph.as_default():  # the caller may be outside it (eager by default)
-            summary_writer = tf.compat.v1.summary.FileWriterCache.get(loop.train_dir)
-    step_logger = hooks_lib.StepLogger(
-        train_graph.loss, train_graph.global_step, loop.log_every_n_steps,
-        loop.examples_per_step if loop.examples_per_step is not None
-        else examples_per_step_of(train_graph),
-        step_after_update=step_after, loss_scale=train_graph.loss_scale,
-        summary_writer=summary_writer)
-    session_keeper = hooks_lib.SessionKeeper()
-    all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=loop.max_steps),
-                 step_logger, session_keeper]
-    session_config = loop.session_config
-    if exchange_safety.has_towerlib_collectives(graph):
-        # Sync batch norm: refuse a partial fetch, bound a step that waits.
-        all_hooks.append(hooks_lib.CollectiveFetchCheckHook())
-        if not (session_config and session_config.operation_timeout_in_ms):
-            session_config = exchange_safety.bounded_session_config(
-                session_config, loop.collective_timeout_secs)
-    all_hooks.extend(_check_hooks(train_graph, step_after))
-    all_hooks.extend(loop.hooks)
-    evaluation_hook = None
-    if loop.evaluation is not None:  # before the checkpoint: its state is saved with it
-        evaluation_hook = evaluation_loop.EvaluationHook(
-            loop.evaluation, step_after, loop.train_dir if loop.is_chief else None,
-            loop.scaffold, summary_writer)
-        all_hooks.append(evaluation_hook)
-    if loop.trace_steps and loop.is_chief:
-        all_hooks.append(trace.TraceHook(loop.trace_steps, loop.train_dir,
-                                         global_step=train_graph.global_step,
-                                         tower_devices=train_graph.devices))
-    signal_hook = (stopping.SignalStopHook(loop.stop_on_signals)
-                   if loop.stop_on_signals else None)
-    if signal_hook is not None:
-        all_hooks.append(signal_hook)
-    checkpoint_hook = None
-    if loop.is_chief:
-        if summary_writer is not None:
-            summary_writer.add_graph(graph)
-            all_hooks.append(hooks_lib.StepSummaryHook(
-                loop.scaffold, summary_writer, loop.save_summaries_steps, loop.max_steps,
-                step_after))
-        # Last: every check of a step runs before that step can be saved.
-        checkpoint_hook = hooks_lib.CrashSafeSaverHook(
-            loop.train_dir, loop.scaffold, save_steps=loop.save_checkpoint_steps,
-            save_secs=loop.save_checkpoint_secs,
-            max_to_keep=loop.max_checkpoints_to_keep)
-        all_hooks.append(checkpoint_hook)
-    return _Hooks(all_hooks, step_logger, session_keeper, signal_hook, checkpoint_hook,
-                  session_config, evaluation_hook)
-
-
-def _check_hooks(train_graph, step_after):
-    """The hooks that stop a non-finite step: its loss, or float16's floor."""
-    checks = []
-    if not train_graph.numerics_guards:
-        checks.append(hooks_lib.NonFiniteLossHook(
-            train_graph.tower_losses, step_after, train_graph.devices))
-    if train_graph.broadcast_op is not None:
-        # Across workers a NaN in one worker's data reaches every worker's update
-        # through the all-reduce, while its towers look fine elsewhere: every
-        # worker checks the global batch's loss, which all of them share.
-        checks.append(hooks_lib.NonFiniteLossHook(
-            [train_graph.loss], step_after,
-            names=["the loss of the global batch over every worker"]))
-    if train_graph.loss_scale is not None:
-        # float16: a run whose loss scale is at its floor and still overflows stops.
-        # Three in a row: a fixed scale's next batch may well fit.
-        checks.append(hooks_lib.LossScaleFloorHook(
-            train_graph.loss_scale, overflows_in_a_row=3,
-            global_step=train_graph.global_step))
-    return checks
 
 
 def _train(loop, run_hooks, creator):
