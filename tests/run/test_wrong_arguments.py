@@ -57,3 +57,15 @@ def test_library_functions_name_a_wrong_argument():
         assert len(shards) == 2
         with pytest.raises(TypeError, match=r"its second argument is the tower's context"):
             towerlib.batch_norm(tf.ones([4, 2]), None, name="bn")
+
+
+def test_a_graph_built_for_several_workers_is_refused_in_a_local_session(tmp_path):
+    """Issue 34, item 13: it waited the collective timeout (300 s), then listed partial
+    fetches instead of saying that no other worker can be reached."""
+    with tf.Graph().as_default():
+        train = towerlib.build_train_graph(
+            tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            num_towers=2, update=towerlib.Replicated(), workers=towerlib.WorkerGroup(2, 0))
+        with pytest.raises(towerlib.ConfigError, match=r"master: is '' .* all-reduces "
+                           r"across workers .*run_distributed_training"):
+            towerlib.run_training(train, train_dir=str(tmp_path), max_steps=1)

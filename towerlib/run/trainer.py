@@ -153,6 +153,12 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     trace_steps = loop_options.bounded_trace_steps(trace_steps)  # never unbounded
     wrong = loop_options.loop_argument_problems(session_config, hooks, stop_on_signals,
                                                 collective_timeout_secs)
+    if train_graph.broadcast_op is not None and not master:
+        wrong.append(("master", "is '' (a session of this process), and the step "
+                      "all-reduces across workers (built with workers=): it would wait "
+                      "for workers this session cannot reach until the collective timeout.",
+                      "run it with towerlib.cluster.run_distributed_training(graph, server, "
+                      "...), which waits for every worker and names one that never came."))
     if wrong:
         raise validation.ConfigError([validation.ConfigProblem(*p) for p in wrong])
     validation.validate_config(
