@@ -154,4 +154,5 @@ def main():
     if cluster is not None and cluster.is_ps:
         planning.serve_parameters(cluster, flags.variable_update, flags.ps_timeout_secs)
     else:
-        train(options.given(), options.defaults(), cluster, flags.startup_timeout_secs)
+        return train(options.given(), options.defaults(), cluster,
+                     flags.startup_timeout_secs)

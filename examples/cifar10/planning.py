@@ -79,6 +79,7 @@ class TrainResult:
     loss: Optional[float]  # the last step's loss (None when no step ran)
     seconds: float  # wall time of the training loop
     plan: TrainPlan
+    stop_signal: Optional[str] = None  # 'SIGTERM' when a signal stopped training
 
 
 def check_cluster_flags(flags, cluster):
@@ -210,7 +211,8 @@ def finished(plan, start_step, result, started) -> TrainResult:
         "checkpoints in %s" % flags.train_dir if plan.is_chief
         else "the chief writes the checkpoints")
     loss = None if result.loss is None else float(result.loss)
-    return TrainResult(step, start_step, loss, seconds, plan)
+    return TrainResult(step, start_step, loss, seconds, plan,
+                       getattr(result, "stop_signal", None))
 
 
 def _variables(flags, update) -> str:

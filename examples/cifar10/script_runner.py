@@ -10,6 +10,8 @@ traceback or absl's usage text.
 import contextlib
 import logging
 import re
+import signal
+import sys
 from typing import Callable
 
 import tensorflow as tf
@@ -27,9 +29,14 @@ USER_ERRORS = (
     run_errors.RunError,
     towerlib.DataPositionError,
     towerlib.DataError,
-    towerlib.cluster.ReplicaLostError,  # a lost worker: restart every worker
-    towerlib.cluster.PsUnavailableError,
     towerlib.cluster.AddressError,  # a port another process holds
+)
+# A lost, stopped or never-started peer or ps task: restarting every task fixes it, so the
+# status is the one schedulers restart on (towerlib.cluster.exits: 138).
+RETRYABLE_ERRORS = (
+    towerlib.cluster.ReplicaLostError,
+    towerlib.cluster.PsUnavailableError,
+    TimeoutError,
 )
 
 # TensorFlow's deprecation warnings for the calls the example makes on purpose, through
@@ -71,16 +78,22 @@ def configure_logging():
 
 
 def run(body: Callable[[], object]) -> None:
-    """Runs a script's work: a user error becomes one line and exit status 2; a cluster
-    task that timed out waiting for the others, exit status 1."""
+    """Runs a script's work, exiting by meaning (towerlib.cluster.exits): a user error is
+    one line and status 2; a lost or never-started peer one line and status 138 (restart
+    every task); training stopped by a signal 128 + the signal."""
     configure_logging()
     try:
         with known_deprecations_silenced():
-            body()
+            result = body()
+    except RETRYABLE_ERRORS as error:
+        fail(error, status=towerlib.cluster.RETRYABLE)
     except USER_ERRORS as error:
         fail(error)
-    except TimeoutError as error:
-        fail(error, status=1)
+    stop_signal = getattr(result, "stop_signal", None)
+    if stop_signal:
+        sys.stderr.write("stopped by %s at global step %s; rerun the same command to "
+                         "resume.\n" % (stop_signal, result.global_step))
+        sys.exit(towerlib.cluster.exits.for_signal(signal.Signals[stop_signal]))
 
 
 def start(body: Callable[[], object]) -> None:

@@ -317,3 +317,21 @@ def test_train_script_refuses_sync_batch_norm_on_a_cluster_in_one_line(tmp_path,
     )
     assert "Traceback" not in completed.stderr
     assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.slow  # the train script in a fresh process
+def test_a_worker_whose_peers_never_start_exits_retryable_in_one_line(tmp_path, data_dir):
+    """Issue 32, item 3: the example exits 138 (restart every task), as a user's own
+    script under towerlib.cluster.exit_by_meaning does, not 1 or 2."""
+    worker0, worker1 = free_ports(2)
+    completed = subprocess.run(
+        [sys.executable, "-m", MODULE, f"--worker_hosts=127.0.0.1:{worker0},127.0.0.1:{worker1}",
+         "--job_name=worker", "--task_index=1", "--variable_update=replicated",
+         f"--train_dir={tmp_path / 'train'}", f"--data_dir={data_dir}", "--num_towers=2",
+         "--device_type=cpu", "--model=resnet8", "--startup_timeout_secs=4"],
+        cwd=REPO_ROOT, env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"},
+        capture_output=True, text=True, timeout=120)
+    assert completed.returncode == cluster_lib.RETRYABLE, completed.stderr[-3000:]
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "worker task 0" in errors[0] and "did not start" in errors[0]
+    assert "Traceback" not in completed.stderr
