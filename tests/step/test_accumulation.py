@@ -240,7 +240,7 @@ def test_examples_per_step_counts_every_micro_batch():
     with tf.Graph().as_default():
         train = helpers.build_on_image_batch(2, batch_size=16, accumulation_steps=4,
                                              tower_fn=helpers.conv_dense_model)
-        assert towerlib.run.trainer.examples_per_step_of(train) == 16
+        assert towerlib.run.loop_hooks.examples_per_step_of(train) == 16
 
 
 @pytest.mark.parametrize("bn_mode", ["first_tower", "all_towers"])

@@ -247,7 +247,7 @@ def test_run_training_logs_examples_per_sec_without_examples_per_step(
         train = towerlib.build_train_graph(
             helpers.conv_dense_model, inputs, helpers.make_optimizer("sgd"),
             devices=helpers.cpu_devices(2), summaries=False)
-        assert isinstance(towerlib.run.trainer.examples_per_step_of(train),
+        assert isinstance(towerlib.run.loop_hooks.examples_per_step_of(train),
                           tf.Tensor if dynamic else int)
         with caplog.at_level(logging.INFO, logger="towerlib"):
             towerlib.run_training(
