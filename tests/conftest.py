@@ -83,6 +83,7 @@ MODULE_SECS = {
     "tests/examples/test_cifar10_train.py": 54,
     "tests/examples/test_cifar10_scripts.py": 50,
     "tests/cluster/test_allreduce_faults.py": 70,
+    "tests/cluster/test_ray_train.py": 60,
     "tests/launch/test_launch_end_to_end.py": 35,
     "tests/cluster/test_early_stopping.py": 30,
     "tests/launch/test_command.py": 23,
