@@ -107,6 +107,10 @@ def find_batches_dir(data_dir: str) -> str:
     nested = os.path.join(data_dir, BATCHES_DIR)
     if os.path.isdir(nested):
         return nested
+    if os.path.exists(nested):
+        raise DataError("CIFAR-10 data folder %r is a file, not a folder. Fix: move it "
+                        "away, then pass --download or put the release's %s/ folder there."
+                        % (nested, BATCHES_DIR))
     return data_dir
 
 
@@ -121,6 +125,10 @@ def check_record_file(path: str, expected_bytes: Optional[int] = None) -> int:
     Raises:
       DataError: naming the file, what is wrong with it and how to fix it.
     """
+    if os.path.isdir(path):
+        raise DataError("CIFAR-10 data file %r is a folder, not a file. Fix: move it "
+                        "away and put the release's file of that name there (or pass "
+                        "--download)." % path)
     if not os.path.isfile(path):
         raise DataError("CIFAR-10 data file %r is missing. %s" % (path, _FIX_HINT))
     size = os.path.getsize(path)
@@ -142,7 +150,15 @@ def check_record_file(path: str, expected_bytes: Optional[int] = None) -> int:
         )
     records = np.memmap(path, dtype=np.uint8, mode="r").reshape(-1, RECORD_BYTES)
     labels = np.asarray(records[:, 0])
+    # Every label 0 is rare in real data; then the images say whether the file is blank
+    # (zero-filled: a preallocated or failed copy), read only in that case.
+    blank = labels.size > 1 and not labels.any() and not records.any()
     del records
+    if blank:
+        raise DataError(
+            "CIFAR-10 data file %r holds only zero bytes (%d blank records): a zero-filled "
+            "file, not data. Fix: delete it and download again with --download, or "
+            "regenerate the generated data set." % (path, labels.size))
     bad = np.flatnonzero(labels >= NUM_CLASSES)
     if bad.size:
         raise DataError(
@@ -166,6 +182,9 @@ def validate_split(data_dir: str, split: str) -> SplitFiles:
         )
     batches_dir = find_batches_dir(data_dir)
     paths = tuple(os.path.join(batches_dir, name) for name in SPLIT_FILES[split])
+    for path in paths:
+        if os.path.isdir(path):  # not "missing": say what is there
+            check_record_file(path)
     missing = [p for p in paths if not os.path.isfile(p)]
     if missing:
         raise DataError(

@@ -312,8 +312,21 @@ def evaluate_continuously(
     return last
 
 
+def check_eval_flags(flags):
+    """The evaluation's own numbers, refused in one line before anything is read."""
+    for name, minimum in (("eval_batch_size", 1), ("eval_interval_secs", 0),
+                          ("eval_timeout_secs", 0)):
+        value = getattr(flags, name)
+        if value < minimum:
+            raise options.flag_error(name, value, "use a number >= %d." % minimum)
+    if flags.num_towers is not None and flags.num_towers < 1:
+        raise options.flag_error("num_towers", flags.num_towers, "use 1 or more, or leave "
+                                 "it unset for the run's own.")
+
+
 def main():
     flags = options.FLAGS
+    check_eval_flags(flags)
     eval_dir = summary_dir(flags.train_dir, flags.eval_dir)
     if flags.continuous:
         evaluate_continuously(flags.train_dir, flags.data_dir or None, flags.eval_batch_size,

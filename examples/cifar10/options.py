@@ -14,6 +14,7 @@ from these tables before TensorFlow loads (command_line.parse_flags_before_tenso
 
 import contextlib
 import math
+import os
 import types
 
 from absl import flags
@@ -262,7 +263,20 @@ def check_own_flags(flags_, make_model):
     if flags_.download and not flags_.data_dir:
         raise flag_error("download", True, "it needs --data_dir, the folder to put "
                          "cifar-10-batches-bin/ in.", "e.g. --data_dir=/tmp/cifar10_data.")
+    if flags_.download:
+        check_download_flags(flags_.download_url, flags_.data_dir)
     return model
+
+
+def check_download_flags(url, data_dir):
+    """A download's URL and folder, refused in one line before anything is fetched."""
+    if url.split("://")[0].lower() not in ("http", "https", "file") or "://" not in url:
+        raise flag_error("download_url", url, "it is not an http://, https:// or file:// "
+                         "URL.", "e.g. --download_url=%s." % download.DEFAULT_URL)
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise flag_error("data_dir", data_dir, "it is a file; --download puts "
+                         "cifar-10-batches-bin/ in a folder.",
+                         "give a folder (it is created if missing).")
 
 
 def namespace(values: dict) -> types.SimpleNamespace:

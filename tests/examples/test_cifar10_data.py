@@ -115,6 +115,34 @@ def test_missing_file_error_names_the_file(tmp_path):
     assert data.validate_split(str(tmp_path), "test").num_examples == 3  # test split intact
 
 
+def test_a_folder_where_a_file_belongs_is_named_not_missing(tmp_path):
+    """Issue 34, item 13: both were reported as "missing"."""
+    batches = tmp_path / data.BATCHES_DIR
+    _write_split_files(str(batches))
+    os.remove(batches / "data_batch_3.bin")
+    os.mkdir(batches / "data_batch_3.bin")
+    with pytest.raises(data.DataError, match=r"data_batch_3.bin' is a folder, not a file"):
+        data.validate_split(str(tmp_path), "train")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / data.BATCHES_DIR).write_text("x")
+    with pytest.raises(data.DataError, match=r"cifar-10-batches-bin' is a file, not a folder"):
+        data.validate_split(str(other), "test")
+
+
+def test_a_zero_filled_file_is_refused(tmp_path):
+    """Issue 34, item 10: a file of zero bytes only was accepted as blank images of
+    class 0; one real record of class 0 is still fine."""
+    batches = tmp_path / data.BATCHES_DIR
+    _write_split_files(str(batches))
+    (batches / "test_batch.bin").write_bytes(bytes(3 * data.RECORD_BYTES))
+    with pytest.raises(data.DataError, match=r"holds only zero bytes \(3 blank records\)"):
+        data.validate_split(str(tmp_path), "test")
+    one_black_image = bytes(data.RECORD_BYTES - 1) + b"\x01"
+    (batches / "test_batch.bin").write_bytes(bytes(data.RECORD_BYTES) + one_black_image)
+    assert data.validate_split(str(tmp_path), "test").num_examples == 2
+
+
 def test_truncated_file_error_names_file_size_and_fix(tmp_path):
     batches = tmp_path / data.BATCHES_DIR
     _write_split_files(str(batches))
