@@ -33,7 +33,7 @@ def test_every_problem_is_reported_at_once_with_its_fix(tmp_path):
         "train_dir, max_steps, save_checkpoint_steps/save_checkpoint_secs, is_chief; "
         "nothing was built or run):")
     assert all(" Fix: " in text for text in problems.values())
-    assert "num_towers: must be an int >= 1, got 0. Fix: pass the number of GPUs" \
+    assert "num_towers: num_towers must be at least 1, got 0. Fix: pass the number of GPUs" \
         in problems["num_towers"]
     assert "pick one of first_tower, all_towers, sync" in problems["bn_mode"]
     assert f"cannot be created: {a_file} is a file" in problems["train_dir"]
@@ -59,13 +59,13 @@ def test_devices_that_do_not_exist_or_contradict():
                                "/device:CPU:1", "/device:TPU:0"],
         session_config=towerlib.session_config(1))
     text = str(error)
-    assert "'/device:GPU:0' does not exist: this machine has 0 GPU(s)" in text
-    assert "'gpu zero' is not a device string" in text
-    assert ("'/device:CPU:1' needs 2 CPU devices but the session config asks for 1. "
-            "Fix: build the config with towerlib.session_config(2)") in text
-    assert "'/device:CPU:1' appears more than once" in text
-    assert "'/device:TPU:0' has device type TPU" in text
-    assert "num_towers: is 3 but 5 devices were given" in text
+    assert "devices[0] = '/device:GPU:0' does not exist: this machine has 0 GPU(s)" in text
+    assert "devices[1] = 'gpu zero' is not a device string" in text
+    assert ("devices[2] = '/device:CPU:1' needs 2 CPU devices but the session config asks "
+            "for 1. Fix: build the config with towerlib.session_config(2)") in text
+    assert "devices[3] = '/device:CPU:1' is the same device as devices[2]" in text
+    assert "devices[4] = '/device:TPU:0' has device type TPU" in text
+    assert "num_towers: num_towers=3 but 5 devices were given" in text
     _, problems = _problems(num_towers=2, device_type="gpu")
     assert "TensorFlow sees no GPU" in problems["device_type"]
     _, problems = _problems(num_towers=4, session_config=towerlib.session_config(2))

@@ -12,7 +12,7 @@ WRONG = {
     "tower_fn": ("not a function", "tower_fn"),
     "inputs": ([1, 2, 3], "tf.Tensor"),
     "optimizer": ("adam", "tf.compat.v1.train.Optimizer"),
-    "num_towers": (0, "int >= 1"),
+    "num_towers": (0, "at least 1"),
     "devices": ("/gpu:0", "list of device strings"),
     "device_type": ("tpu", "'gpu', 'cpu'"),
     "bn_mode": ("sync_all", "first_tower, all_towers, sync"),
@@ -62,6 +62,27 @@ def test_build_refuses_what_validate_config_refuses_with_the_same_words():
             (problem,) = validated.value.problems
             assert problem.problem in str(built.value), option
             assert word in str(built.value)
+
+
+@pytest.mark.parametrize("options", [
+    dict(num_towers=0), dict(num_towers=2.0), dict(devices="/gpu:0"), dict(devices=[]),
+    dict(devices=["gpu zero"]), dict(devices=["/device:CPU:0", "/cpu:0"]),
+    dict(num_towers=3, devices=["/device:CPU:0", "/device:CPU:1"]),
+    dict(num_towers=1, device_type="tpu"), dict(tower_fn="not a function"),
+    dict(tower_fn=towerlib.TowerModel)])
+def test_the_build_raises_the_tower_problem_validate_config_lists(options):
+    """The device, tower count and tower function rules have one home each: the build's
+    error is validate_config's problem, word for word."""
+    with pytest.raises(towerlib.ConfigError) as validated:
+        towerlib.validate_config(**options)
+    (problem,) = validated.value.problems
+    options.setdefault("tower_fn", lambda x, ctx: tf.reduce_mean(x))
+    with tf.Graph().as_default():
+        with pytest.raises((ValueError, TypeError)) as built:
+            towerlib.build_train_graph(
+                inputs=tf.zeros([4, 2]),
+                optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1), **options)
+    assert str(built.value) == f"{problem.problem} Fix: {problem.fix}"
 
 
 @pytest.mark.parametrize("bn_mode,update,exchange", [

@@ -48,7 +48,8 @@ def test_batch_norm_in_some_towers_only_is_refused(bn_mode):
 def test_run_training_refuses_towers_on_devices_the_session_lacks(tmp_path, devices):
     with tf.Graph().as_default():
         train = helpers.build_on_image_batch(devices=devices)
-        with pytest.raises(towerlib.ConfigError, match="devices: '/device:[CG]PU:[1-5]'"):
+        with pytest.raises(towerlib.ConfigError,
+                           match=r"devices: devices\[\d\] = '/device:[CG]PU:[1-5]'"):
             towerlib.run_training(train, train_dir=str(tmp_path), max_steps=1,
                                   session_config=towerlib.session_config(2),
                                   save_summaries_steps=None)

@@ -34,8 +34,9 @@ def test_non_integer_tower_count():
 
 def test_more_gpu_towers_than_gpus():
     gpus = len(tf.config.list_physical_devices("GPU"))
-    with pytest.raises(ValueError, match=f"Asked for {gpus + 1} GPU towers but this "
-                                         f"machine has {gpus} GPU"):
+    too_many = (f"num_towers is {gpus + 1} but this machine has {gpus} GPU" if gpus else
+                "device_type is 'gpu' but TensorFlow sees no GPU on this machine")
+    with pytest.raises(ValueError, match=too_many):
         build(num_towers=gpus + 1, devices=None, device_type="gpu")
 
 

@@ -11,8 +11,6 @@ count, batch sizes, devices, modes, paths), before building the graph.
 import dataclasses
 import numbers
 
-import tensorflow as tf
-
 from towerlib.checks import loop_options
 from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
@@ -77,69 +75,6 @@ class _Checker:
         return True
 
 
-def _check_towers(check, num_towers, devices, device_type, gpus, cpu_devices):
-    """Returns the tower count when it is known and valid, else None."""
-    if device_type is not None and str(device_type).lower() not in ("cpu", "gpu"):
-        check.add("device_type", f"is {device_type!r}.",
-                  "use 'gpu', 'cpu' or None (GPUs when there are any, else CPUs).")
-        device_type = None
-    if device_type is not None and str(device_type).lower() == "gpu" and gpus == 0:
-        check.add("device_type", "is 'gpu' but TensorFlow sees no GPU on this machine.",
-                  "use device_type='cpu' (virtual CPU devices) or check the CUDA "
-                  "installation (tf.config.list_physical_devices('GPU')).")
-    count_ok = check.positive_int(
-        "num_towers", num_towers,
-        "pass the number of GPUs (or virtual CPU devices) to replicate the model on.")
-    towers = num_towers if count_ok else None
-    if devices is None:
-        wants_gpu = (str(device_type).lower() == "gpu" if device_type is not None
-                     else gpus > 0)
-        if towers is not None and wants_gpu and towers > gpus:
-            check.add("num_towers", f"is {towers} but this machine has {gpus} GPU(s).",
-                      f"use num_towers <= {gpus}, or device_type='cpu'." if gpus else
-                      "use device_type='cpu' (virtual CPU devices), or check the CUDA "
-                      "installation.")
-        return towers
-    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
-        check.add("devices", f"must be a list of device strings, got {devices!r}.",
-                  "pass e.g. ['/device:GPU:0', '/device:GPU:1'].")
-        return towers
-    devices = list(devices)
-    if not devices:
-        check.add("devices", "is empty.", "give at least one device, or pass num_towers.")
-        return towers
-    seen = set()
-    for device in devices:
-        try:
-            spec = tf.DeviceSpec.from_string(str(device))
-        except (ValueError, TypeError) as error:
-            check.add("devices", f"{device!r} is not a device string ({error}).",
-                      "write devices as '/device:GPU:0' or '/device:CPU:1'.")
-            continue
-        kind = (spec.device_type or "").upper()
-        index = spec.device_index or 0
-        if kind not in ("CPU", "GPU"):
-            check.add("devices", f"{device!r} has device type {kind or 'none'}.",
-                      "towers run on '/device:GPU:i' or '/device:CPU:i'.")
-        elif kind == "GPU" and not spec.job and index >= gpus:
-            check.add("devices", f"{device!r} does not exist: this machine has {gpus} "
-                      "GPU(s).", f"use GPU indices 0..{max(gpus - 1, 0)}, or CPU devices.")
-        elif kind == "CPU" and not spec.job and cpu_devices is not None and index >= cpu_devices:
-            check.add("devices", f"{device!r} needs {index + 1} CPU devices but the "
-                      f"session config asks for {cpu_devices}.",
-                      f"build the config with towerlib.session_config({index + 1}) or "
-                      "use CPU indices below the tower count.")
-        key = (spec.job, spec.replica, spec.task, kind, index)
-        if key in seen:
-            check.add("devices", f"{device!r} appears more than once.",
-                      "give each tower its own device.")
-        seen.add(key)
-    if towers is not None and towers != len(devices):
-        check.add("num_towers", f"is {towers} but {len(devices)} devices were given.",
-                  "pass only one of num_towers and devices, or make them agree.")
-    return len(devices)
-
-
 def _check_batch(check, towers, global_batch_size, per_tower_batch_size,
                  examples_per_step):
     global_ok = check.positive_int(
@@ -197,7 +132,8 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
     before building anything.
 
     Options left as None are not checked. The options of build_train_graph
-    go through the same checks it runs itself (towerlib.step.options), so a
+    go through the same checks it runs itself (towerlib.step.options; the
+    towers' through towerlib.step.devices.tower_problems), so a
     script can check a whole configuration first and get every problem at
     once. Nothing is built or left behind: `train_dir` (or, when it does not
     exist yet, its nearest existing parent) is probed by creating and
@@ -230,16 +166,12 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
     for option in required:
         if given.get(option, None) is None:
             check.add(option, "is required.", _REQUIRED_FIXES.get(option, "give it."))
-    gpus = devices_lib.local_gpu_count()
-    cpu_devices = None
-    if session_config is not None:
-        cpu_devices = session_config.device_count.get("CPU", 1)
-    towers = _check_towers(check, num_towers, devices, device_type, gpus, cpu_devices)
-    if devices is None and towers is not None and cpu_devices is not None \
-            and gpus == 0 and towers > cpu_devices:
-        check.add("session_config", f"asks for {cpu_devices} CPU device(s) but there are "
-                  f"{towers} CPU towers.",
-                  f"use towerlib.session_config({towers}).")
+    cpu_devices = None if session_config is None else session_config.device_count.get("CPU", 1)
+    problems, towers = devices_lib.tower_problems(
+        num_towers, devices, device_type, gpus=devices_lib.local_gpu_count(),
+        cpu_devices=cpu_devices, judge_devices=True)
+    for problem in problems:
+        check.add(problem.option, problem.what, problem.fix)
     _check_batch(check, towers, global_batch_size, per_tower_batch_size, examples_per_step)
     resolved = _check_step_options(check, dict(
         tower_fn=tower_fn, inputs=inputs, optimizer=optimizer, bn_mode=bn_mode,

@@ -3,11 +3,14 @@
 Towers go on GPUs when the machine has them, else on virtual CPU devices
 (`session_config` asks the Session for N of them), so that multi-tower code is
 testable on a laptop. Device strings are always full '/device:TYPE:i' specs;
-nothing here assumes CPU.
+nothing here assumes CPU. The rules of the tower count, devices and device type
+are written once, in `tower_problems`: the build raises the first problem,
+towerlib.validate_config lists them all.
 """
 
-import numbers
 import logging
+import numbers
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -47,15 +50,176 @@ def warn_missing_gpus(devices):
                 "CUDA_VISIBLE_DEVICES, or use towerlib.tower_devices().", index, device, gpus)
 
 
-def check_num_towers(num_towers):
+class TowerProblem(NamedTuple):
+    """One problem of a tower configuration: the option, what is wrong, the fix.
+
+    `what` is a sentence naming the option. `error` is what the build raises
+    for it: TypeError for a value of the wrong type, else ValueError.
+    """
+
+    option: str
+    what: str
+    fix: str
+    error: type = ValueError
+
+
+def raise_first(problems):
+    """Raises the first TowerProblem as its error ('what Fix: fix'), if there is one."""
+    if problems:
+        first = problems[0]
+        raise first.error(f"{first.what} Fix: {first.fix}")
+
+
+_COUNT_FIX = ("pass the number of GPUs (or virtual CPU devices) to replicate the tower "
+              "function on.")
+
+
+def _count_problems(num_towers):
     if isinstance(num_towers, bool) or not isinstance(num_towers, numbers.Integral):
-        raise TypeError(
-            f"num_towers must be a positive int, got {num_towers!r} "
-            f"({type(num_towers).__name__}).")
+        return [TowerProblem(
+            "num_towers", f"num_towers must be a positive int, got {num_towers!r} "
+            f"({type(num_towers).__name__}).", _COUNT_FIX, TypeError)]
     if num_towers < 1:
-        raise ValueError(
-            f"num_towers must be at least 1, got {num_towers}. Pass the number "
-            "of GPUs (or virtual CPU devices) to replicate the tower function on.")
+        return [TowerProblem("num_towers", f"num_towers must be at least 1, got {num_towers}.",
+                             _COUNT_FIX)]
+    return []
+
+
+def check_num_towers(num_towers):
+    raise_first(_count_problems(num_towers))
+
+
+def _chosen_type(device_type, gpus):
+    """'GPU' or 'CPU': the type of the towers `device_type` picks (None: GPUs if any)."""
+    if isinstance(device_type, str) and device_type.upper() in ("CPU", "GPU"):
+        return device_type.upper()
+    return "GPU" if gpus else "CPU"
+
+
+def tower_problems(num_towers=None, devices=None, device_type=None, *, gpus=None,
+                   cpu_devices=None, judge_devices=False):
+    """Every problem of a tower configuration, in order, and its tower count.
+
+    The tower rules' one home: the build (resolve_devices, tower_devices)
+    raises the first problem, towerlib.validate_config lists them all.
+
+    Args:
+      num_towers, devices, device_type: as for build_train_graph.
+      gpus: the GPUs this process sees; counted when None and needed.
+      cpu_devices: the CPU devices the session config asks for, None if unknown.
+      judge_devices: judge explicit `devices` against this process too: type
+        CPU or GPU, a local GPU that exists, a CPU the session config has.
+        validate_config does; the build does not (the graph may run in another
+        process: it warns of a missing GPU, warn_missing_gpus).
+
+    Returns:
+      (problems, count): a list of TowerProblem; the number of devices, else
+      num_towers when valid, else None (the machine's default is not counted).
+    """
+    problems = []
+    if device_type is not None and not (
+            isinstance(device_type, str) and device_type.upper() in ("CPU", "GPU")):
+        problems.append(TowerProblem(
+            "device_type", f"Unknown device_type {device_type!r}.",
+            "use 'gpu', 'cpu' or None (GPUs when there are any, else CPUs)."))
+    count = None
+    if num_towers is not None:
+        count_problems = _count_problems(num_towers)
+        problems += count_problems
+        count = None if count_problems else num_towers
+    if devices is None or judge_devices:
+        gpus = local_gpu_count() if gpus is None else gpus
+        if gpus == 0 and isinstance(device_type, str) and device_type.upper() == "GPU":
+            problems.append(TowerProblem(
+                "device_type", "device_type is 'gpu' but TensorFlow sees no GPU on this "
+                "machine.", "use device_type='cpu' (virtual CPU devices), or check the CUDA "
+                "installation (tf.config.list_physical_devices('GPU'))."))
+    if devices is None:
+        return problems + _count_against_machine(count, _chosen_type(device_type, gpus),
+                                                 gpus, cpu_devices), count
+    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
+        return problems + [TowerProblem(
+            "devices", f"devices must be a list of device strings, got {devices!r}.",
+            "e.g. devices=['/device:GPU:0', '/device:GPU:1'].", TypeError)], count
+    devices = list(devices)
+    if not devices:
+        return problems + [TowerProblem(
+            "devices", "devices is empty.",
+            "give at least one device string, or leave devices None and pass num_towers.")], count
+    seen = {}
+    for index in range(len(devices)):
+        problems += _device_problems(devices, index, seen, gpus if judge_devices else None,
+                                     cpu_devices)
+    if count is not None and count != len(devices):
+        problems.append(TowerProblem(
+            "num_towers", f"num_towers={count} but {len(devices)} devices were given "
+            f"({devices}).", "pass only one of num_towers and devices, or make them agree."))
+    return problems, len(devices)
+
+
+def _count_against_machine(count, kind, gpus, cpu_devices):
+    """More towers than the machine's GPUs, or than the session config's CPUs."""
+    if count is None:
+        return []
+    if kind == "GPU" and 0 < gpus < count:
+        return [TowerProblem(
+            "num_towers", f"num_towers is {count} but this machine has {gpus} GPU(s).",
+            f"use num_towers <= {gpus}, or device_type='cpu' for virtual CPU devices.")]
+    if kind == "CPU" and cpu_devices is not None and cpu_devices < count:
+        return [TowerProblem(
+            "session_config", f"session_config asks for {cpu_devices} CPU device(s) but "
+            f"there are {count} CPU towers.", f"use towerlib.session_config({count}).")]
+    return []
+
+
+def _device_problems(devices, index, seen, gpus, cpu_devices):
+    """devices[index]'s problems; with `gpus` None it is not judged against this process."""
+    device = devices[index]
+    name = f"devices[{index}] = {device!r}"
+    fix = "write devices as '/device:GPU:0' or '/device:CPU:1'."
+    if not isinstance(device, str):
+        return [TowerProblem("devices", f"{name} is not a device string.", fix)]
+    try:
+        spec = tf.DeviceSpec.from_string(device)
+    except (ValueError, TypeError) as error:
+        return [TowerProblem("devices", f"{name} is not a device string ({error}).", fix)]
+    kind, number = (spec.device_type or "").upper(), spec.device_index or 0
+    problems = [] if gpus is None else _missing_device(name, spec, kind, number, gpus,
+                                                       cpu_devices)
+    key = (spec.job, spec.replica, spec.task, kind, number)
+    if key in seen:
+        problems.append(TowerProblem(
+            "devices", f"{name} is the same device as devices[{seen[key]}] "
+            f"({devices[seen[key]]!r}).", "give each tower its own device."))
+    seen.setdefault(key, index)
+    return problems
+
+
+def _missing_device(name, spec, kind, number, gpus, cpu_devices):
+    """A device that is not a CPU or GPU, or one this process (session config) lacks."""
+    if kind not in ("CPU", "GPU"):
+        return [TowerProblem("devices", f"{name} has device type {kind or 'none'}.",
+                             "towers run on '/device:GPU:i' or '/device:CPU:i'.")]
+    if spec.job:
+        return []  # another process's device
+    if kind == "GPU" and number >= gpus:
+        return [TowerProblem(
+            "devices", f"{name} does not exist: this machine has {gpus} GPU(s).",
+            f"use GPU indices 0..{max(gpus - 1, 0)}, or CPU devices.")]
+    if kind == "CPU" and cpu_devices is not None and number >= cpu_devices:
+        return [TowerProblem(
+            "devices", f"{name} needs {number + 1} CPU devices but the session config asks "
+            f"for {cpu_devices}.", f"build the config with towerlib.session_config("
+            f"{number + 1}) or use CPU indices below the tower count.")]
+    return []
+
+
+def resolve_devices(num_towers=None, devices=None, device_type=None):
+    """The tower device list from a count, an explicit list, or the machine."""
+    if devices is None:
+        return tower_devices(num_towers, device_type)
+    raise_first(tower_problems(num_towers, devices, device_type)[0])
+    return list(devices)
 
 
 def tower_devices(num_towers=None, device_type=None):
@@ -70,22 +234,11 @@ def tower_devices(num_towers=None, device_type=None):
       the first exist only in a Session configured by `session_config`.
     """
     gpus = local_gpu_count()
-    if device_type is None:
-        device_type = "gpu" if gpus else "cpu"
-    device_type = device_type.lower()
-    if device_type not in ("cpu", "gpu"):
-        raise ValueError(
-            f"Unknown device_type {device_type!r}: use 'gpu', 'cpu' or None.")
+    raise_first(tower_problems(num_towers, None, device_type, gpus=gpus)[0])
+    kind = _chosen_type(device_type, gpus)
     if num_towers is None:
-        num_towers = max(gpus, 1) if device_type == "gpu" else 1
-    check_num_towers(num_towers)
-    if device_type == "gpu" and num_towers > gpus:
-        fix = (f"use num_towers <= {gpus}, or device_type='cpu' for virtual CPU "
-               "devices" if gpus else "use device_type='cpu' for virtual CPU devices, "
-               "or check the CUDA installation (tf.config.list_physical_devices('GPU'))")
-        raise ValueError(f"Asked for {num_towers} GPU towers but this machine has {gpus} "
-                         f"GPU(s). Fix: {fix}.")
-    return [f"/device:{device_type.upper()}:{i}" for i in range(num_towers)]
+        num_towers = max(gpus, 1) if kind == "GPU" else 1
+    return [f"/device:{kind}:{i}" for i in range(num_towers)]
 
 
 def session_config(num_towers=1, allow_soft_placement=True,

@@ -22,6 +22,7 @@ from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.precision.policy import Precision, resolve_precision
 from towerlib.step import accumulation
+from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.step import towers as towers_lib
 from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
@@ -108,13 +109,6 @@ def _check_bool(name):
     return check
 
 
-def _check_tower_fn(tower_fn):
-    if not callable(tower_fn):
-        raise TypeError(f"tower_fn must be a towerlib.TowerModel or a callable "
-                        f"(inputs, ctx) -> loss, got {type(tower_fn).__name__}. Fix: pass "
-                        "the function that builds one tower's loss.")
-
-
 def _check_inputs(inputs):
     if not callable(inputs):
         inputs_lib.check_global_batch(inputs, 1)
@@ -145,10 +139,11 @@ def _check_var_list(var_list):
 
 
 # Option name -> the function that checks it (raising ValueError or TypeError
-# naming the option and the fix). Options checked together (the tower count
-# and devices; whether an exchange applies) are in resolve_step_options.
+# naming the option and the fix). Options checked together are not: the tower
+# count, devices and device type (towerlib.step.devices.tower_problems) and
+# whether an exchange applies (resolve_step_options).
 OPTION_CHECKS = types.MappingProxyType({
-    "tower_fn": _check_tower_fn,
+    "tower_fn": towers_lib.as_tower_fn,
     "inputs": _check_inputs,
     "optimizer": check_optimizer,
     "bn_mode": check_bn_mode,
@@ -220,7 +215,7 @@ def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=N
     update, workers, bn_mode = resolved["update"], resolved["workers"], resolved["bn_mode"]
     check_exchange_applies(resolved["exchange"], bn_mode, update)
     check_workers_apply(workers, update)
-    devices = towers_lib.resolve_devices(num_towers, devices, device_type)
+    devices = devices_lib.resolve_devices(num_towers, devices, device_type)
     needs_exchange = bn_mode == "sync" or update.exchanges_gradients
     return StepOptions(
         devices=tuple(devices), bn_mode=bn_mode, update=update,

@@ -65,17 +65,21 @@ class Tower:
 
 
 def as_tower_fn(tower_fn):
-    """Accepts a TowerModel or a callable (inputs, ctx) -> loss."""
+    """The callable (inputs, ctx) -> loss of a TowerModel or a callable; else TypeError.
+
+    The `tower_fn` option's one check (towerlib.validate_config runs it too).
+    """
     if isinstance(tower_fn, TowerModel):
         return tower_fn.build
     if isinstance(tower_fn, type) and issubclass(tower_fn, TowerModel):
         raise TypeError(
-            f"Got the class {tower_fn.__name__}, not an instance: pass "
+            f"tower_fn is the class {tower_fn.__name__}, not an instance. Fix: pass "
             f"{tower_fn.__name__}(), not {tower_fn.__name__}.")
     if not callable(tower_fn):
         raise TypeError(
-            f"tower_fn must be a towerlib.TowerModel or a callable (inputs, ctx) "
-            f"-> loss, got {type(tower_fn).__name__}.")
+            f"tower_fn must be a towerlib.TowerModel or a callable (inputs, ctx) -> loss, "
+            f"got {type(tower_fn).__name__}. Fix: pass the function that builds one "
+            "tower's loss.")
     return tower_fn
 
 
@@ -134,37 +138,6 @@ def _nested_getter(outer, inner):
         functools.partial(outer, getter), *args, **kwargs)
 
 
-def resolve_devices(num_towers=None, devices=None, device_type=None):
-    """The tower device list from a count, an explicit list, or the machine."""
-    if devices is None:
-        return devices_lib.tower_devices(num_towers, device_type)
-    if isinstance(devices, str) or not hasattr(devices, "__iter__"):
-        raise TypeError(f"devices must be a list of device strings, got {devices!r}. "
-                        "Fix: e.g. devices=['/device:GPU:0', '/device:GPU:1'].")
-    devices = list(devices)
-    if not devices:
-        raise ValueError("devices is empty: give at least one device string.")
-    if num_towers is not None:
-        devices_lib.check_num_towers(num_towers)
-        if num_towers != len(devices):
-            raise ValueError(
-                f"num_towers={num_towers} but {len(devices)} devices were given "
-                f"({devices}); pass one or make them agree.")
-    seen = {}
-    for device in devices:
-        try:
-            spec = tf.DeviceSpec.from_string(device)
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"{device!r} is not a device string ({error}). Fix: write "
-                             "'/device:GPU:0' or '/device:CPU:1'.") from None
-        key = spec.to_string()
-        if key in seen:
-            raise ValueError(f"devices names {seen[key]!r} and {device!r}, the same "
-                             "device. Fix: give each tower its own device.")
-        seen[key] = device
-    return devices
-
-
 def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
                  device_type=None, is_training=True, bn_mode="first_tower", param_device="cpu",
                  reuse_variables=False, records=None, cross_tower=None,
@@ -207,7 +180,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
       BatchSizeMismatchError: a tower uses the global batch size where its
         own belongs (e.g. a reshape hard-coding the tutorial's per-GPU batch).
     """
-    devices = resolve_devices(num_towers, devices, device_type)
+    devices = devices_lib.resolve_devices(num_towers, devices, device_type)
     plan = _TowerPlan(
         tower_fn=as_tower_fn(tower_fn), devices=devices,
         placer=devices_lib.variable_placer(param_device, devices),
