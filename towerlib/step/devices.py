@@ -89,36 +89,31 @@ def check_num_towers(num_towers):
     raise_first(_count_problems(num_towers))
 
 
-def _chosen_type(device_type, gpus):
-    """'GPU' or 'CPU': the type of the towers `device_type` picks (None: GPUs if any)."""
+def _named_type(device_type):
+    """'CPU' or 'GPU' when `device_type` names one (in any case), else None."""
     if isinstance(device_type, str) and device_type.upper() in ("CPU", "GPU"):
         return device_type.upper()
-    return "GPU" if gpus else "CPU"
+    return None
 
 
 def tower_problems(num_towers=None, devices=None, device_type=None, *, gpus=None,
                    cpu_devices=None, judge_devices=False):
-    """Every problem of a tower configuration, in order, and its tower count.
-
-    The tower rules' one home: the build (resolve_devices, tower_devices)
-    raises the first problem, towerlib.validate_config lists them all.
+    """Every problem of a tower configuration, in order, and the tower count.
 
     Args:
       num_towers, devices, device_type: as for build_train_graph.
-      gpus: the GPUs this process sees; counted when None and needed.
-      cpu_devices: the CPU devices the session config asks for, None if unknown.
-      judge_devices: judge explicit `devices` against this process too: type
-        CPU or GPU, a local GPU that exists, a CPU the session config has.
-        validate_config does; the build does not (the graph may run in another
-        process: it warns of a missing GPU, warn_missing_gpus).
+      gpus: the GPUs this process sees (counted when None and needed).
+      cpu_devices: the CPU devices the session config asks for, if known.
+      judge_devices: also judge explicit `devices` against this process: type
+        CPU or GPU, the GPU exists, the CPU is in the session config
+        (validate_config; the build only warns of a missing GPU, warn_missing_gpus).
 
     Returns:
-      (problems, count): a list of TowerProblem; the number of devices, else
-      num_towers when valid, else None (the machine's default is not counted).
+      (problems, count): TowerProblems; len(devices), else a valid num_towers, else None.
     """
     problems = []
-    if device_type is not None and not (
-            isinstance(device_type, str) and device_type.upper() in ("CPU", "GPU")):
+    named = _named_type(device_type)
+    if device_type is not None and named is None:
         problems.append(TowerProblem(
             "device_type", f"Unknown device_type {device_type!r}.",
             "use 'gpu', 'cpu' or None (GPUs when there are any, else CPUs)."))
@@ -129,14 +124,14 @@ def tower_problems(num_towers=None, devices=None, device_type=None, *, gpus=None
         count = None if count_problems else num_towers
     if devices is None or judge_devices:
         gpus = local_gpu_count() if gpus is None else gpus
-        if gpus == 0 and isinstance(device_type, str) and device_type.upper() == "GPU":
+        if gpus == 0 and named == "GPU":
             problems.append(TowerProblem(
                 "device_type", "device_type is 'gpu' but TensorFlow sees no GPU on this "
                 "machine.", "use device_type='cpu' (virtual CPU devices), or check the CUDA "
                 "installation (tf.config.list_physical_devices('GPU'))."))
     if devices is None:
-        return problems + _count_against_machine(count, _chosen_type(device_type, gpus),
-                                                 gpus, cpu_devices), count
+        kind = named or ("GPU" if gpus else "CPU")
+        return problems + _count_against_machine(count, kind, gpus, cpu_devices), count
     if isinstance(devices, str) or not hasattr(devices, "__iter__"):
         return problems + [TowerProblem(
             "devices", f"devices must be a list of device strings, got {devices!r}.",
@@ -235,7 +230,7 @@ def tower_devices(num_towers=None, device_type=None):
     """
     gpus = local_gpu_count()
     raise_first(tower_problems(num_towers, None, device_type, gpus=gpus)[0])
-    kind = _chosen_type(device_type, gpus)
+    kind = _named_type(device_type) or ("GPU" if gpus else "CPU")
     if num_towers is None:
         num_towers = max(gpus, 1) if kind == "GPU" else 1
     return [f"/device:{kind}:{i}" for i in range(num_towers)]
