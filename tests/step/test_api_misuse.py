@@ -89,3 +89,20 @@ def test_pooling_strides_default_to_the_pool_size():
         assert layers.max_pool2d(h, 2).shape.as_list() == [1, 4, 4, 3]
         assert layers.avg_pool2d(h, 2).shape.as_list() == [1, 4, 4, 3]
         assert layers.max_pool2d(h, 3, strides=1).shape.as_list() == [1, 8, 8, 3]
+
+
+def test_device_type_that_disagrees_with_the_devices_given_is_refused():
+    """Issue 34, item 10: devices=[CPU:0, CPU:1] with device_type='gpu' ignored the type."""
+    def tower(x, ctx):
+        w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
+        return tf.reduce_mean(x * w)
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"device_type is 'gpu' but devices\[0\] = "
+                           r"'/device:CPU:0' is a CPU: .* Fix: drop device_type"):
+            towerlib.build_train_graph(
+                tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                devices=["/device:CPU:0", "/device:CPU:1"], device_type="gpu")
+        train = towerlib.build_train_graph(
+            tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            devices=["/device:CPU:0", "/device:CPU:1"], device_type="cpu")
+        assert len(train.devices) == 2

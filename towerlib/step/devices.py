@@ -145,11 +145,27 @@ def tower_problems(num_towers=None, devices=None, device_type=None, *, gpus=None
     for index in range(len(devices)):
         problems += _device_problems(devices, index, seen, gpus if judge_devices else None,
                                      cpu_devices)
+    problems += _type_disagreements(devices, named)
     if count is not None and count != len(devices):
         problems.append(TowerProblem(
             "num_towers", f"num_towers={count} but {len(devices)} devices were given "
             f"({devices}).", "pass only one of num_towers and devices, or make them agree."))
     return problems, len(devices)
+
+
+def _type_disagreements(devices, named):
+    """device_type next to explicit devices of another type: it would be ignored."""
+    for index, device in enumerate(devices):
+        try:
+            kind = (tf.DeviceSpec.from_string(device).device_type or "").upper()
+        except (ValueError, TypeError, AttributeError):
+            continue  # named by _device_problems
+        if named is not None and kind in ("CPU", "GPU") and kind != named:
+            return [TowerProblem(
+                "device_type", f"device_type is {named.lower()!r} but devices[{index}] = "
+                f"{device!r} is a {kind}: device_type only chooses devices when none are "
+                "given.", "drop device_type, or give devices of that type.")]
+    return []
 
 
 def _count_against_machine(count, kind, gpus, cpu_devices):
