@@ -5,6 +5,7 @@ processes tests (test_distributed_training.py) run them.
 """
 
 import json
+import re
 
 import pytest
 import tensorflow as tf
@@ -267,3 +268,20 @@ def test_a_tf_config_with_a_task_and_no_cluster_is_refused():
         with pytest.raises(ValueError, match=r'TF_CONFIG has a "task" but no "cluster"'):
             cluster_lib.resolve_cluster(environ={"TF_CONFIG": value})
     assert cluster_lib.resolve_cluster(environ={"TF_CONFIG": "{}"}) is None
+
+
+@pytest.mark.parametrize("cluster, got", [("worker:0", "str"), (None, "None (one machine)"),
+                                          ({"worker": ["a:1"]}, "dict")])
+def test_a_cluster_argument_that_is_no_cluster_is_named(cluster, got):
+    """Issue 34, item 12: a bare AttributeError ('str' object has no attribute 'is_ps'),
+    or for None a message about ps tasks."""
+    for where, call in (
+            ("build_sync_train_graph", lambda: cluster_lib.build_sync_train_graph(
+                lambda x, ctx: tf.reduce_mean(x), tf.ones([4, 2]),
+                tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster, num_towers=2)),
+            ("start_server", lambda: cluster_lib.start_server(cluster, 2)),
+            ("run_parameter_server", lambda: cluster_lib.run_parameter_server(cluster))):
+        with tf.Graph().as_default():
+            with pytest.raises(TypeError, match=rf"{where} takes this task's ClusterInfo, "
+                               rf"got {re.escape(got)}\. Fix: cluster = "):
+                call()

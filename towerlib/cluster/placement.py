@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from towerlib.internals import error_texts
 from towerlib.step import devices as devices_lib
-from towerlib.cluster.spec import PS_JOB
+from towerlib.cluster.spec import PS_JOB, check_cluster
 
 
 class AddressError(RuntimeError):
@@ -48,6 +48,7 @@ def start_server(cluster, num_towers=1, base_config=None):
     The server, not the session, owns the task's devices, so a replica's
     virtual CPU devices for CPU towers are asked for here.
     """
+    check_cluster(cluster, "start_server")
     try:
         return tf.distribute.Server(
             cluster.cluster_spec, job_name=cluster.job_name, task_index=cluster.task_index,

@@ -16,7 +16,7 @@ from towerlib.cluster import allreduce
 from towerlib.cluster import recovery
 from towerlib.cluster import replica_watch
 from towerlib.cluster.placement import start_server
-from towerlib.cluster.spec import PS_JOB
+from towerlib.cluster.spec import PS_JOB, check_cluster
 
 logger = logging.getLogger("towerlib")
 
@@ -264,6 +264,7 @@ def run_parameter_server(cluster, server=None, timeout_secs=None):
     Raises:
       TimeoutError: when the replicas have not all finished in timeout_secs.
     """
+    check_cluster(cluster, "run_parameter_server")
     if not cluster.is_ps:
         raise ValueError(f"run_parameter_server runs on a ps task, not "
                          f"{cluster.task_device}.")

@@ -114,6 +114,16 @@ class ClusterInfo:
         return [f"/job:{PS_JOB}/task:{i}/device:CPU:0" for i in range(self.num_ps)]
 
 
+def check_cluster(cluster, where):
+    """Raises TypeError unless `cluster` is a ClusterInfo (None: one machine, refused)."""
+    if not isinstance(cluster, ClusterInfo):
+        got = "None (one machine)" if cluster is None else type(cluster).__name__
+        raise TypeError(
+            f"{where} takes this task's ClusterInfo, got {got}. Fix: "
+            "cluster = towerlib.cluster.resolve_cluster(...) (flags, TF_CONFIG or Slurm); "
+            "on one machine use towerlib.build_train_graph and run_training.")
+
+
 def parse_host_list(text, what):
     """'h1:p1,h2:p2' -> ('h1:p1', 'h2:p2'), each address validated.
 

@@ -37,7 +37,7 @@ from towerlib.update.choose import resolve_update
 from towerlib.update.parameter_server import ParameterServer
 from towerlib.cluster import allreduce
 from towerlib.cluster import placement
-from towerlib.cluster.spec import ClusterInfo
+from towerlib.cluster.spec import ClusterInfo, check_cluster
 from towerlib.internals import deprecations
 from towerlib.internals import sync_replicas as sync_internals
 
@@ -229,7 +229,8 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
     Returns:
       A SyncTrainGraph.
     """
-    if cluster is None or cluster.is_ps:
+    check_cluster(cluster, "build_sync_train_graph")
+    if cluster.is_ps:
         raise ValueError(
             "build_sync_train_graph runs on a training task (worker or chief); a ps "
             "task only serves variables (run_parameter_server).")
