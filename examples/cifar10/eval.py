@@ -319,9 +319,6 @@ def check_eval_flags(flags):
         value = getattr(flags, name)
         if value < minimum:
             raise options.flag_error(name, value, "use a number >= %d." % minimum)
-    if flags.num_towers is not None and flags.num_towers < 1:
-        raise options.flag_error("num_towers", flags.num_towers, "use 1 or more, or leave "
-                                 "it unset for the run's own.")
 
 
 def main():

@@ -28,7 +28,6 @@ def test_download_flags(tmp_path, url, data_dir, message):
     ("eval_timeout_secs", -1, "--eval_timeout_secs=-1: use a number >= 0."),
     ("eval_interval_secs", -5, "--eval_interval_secs=-5: use a number >= 0."),
     ("eval_batch_size", 0, "--eval_batch_size=0: use a number >= 1."),
-    ("num_towers", 0, "--num_towers=0: use 1 or more"),
 ])
 def test_eval_flags(flag, value, message):
     flags = dict(eval_batch_size=500, eval_interval_secs=30, eval_timeout_secs=600,
