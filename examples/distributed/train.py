@@ -250,7 +250,7 @@ def main(argv):
         nonlocal cluster
         cluster = cluster_lib.resolve_cluster(
             FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index)
-        run_task(cluster)
+        return run_task(cluster)   # a stop signal in its result is the exit status
 
     cluster_lib.exit_by_meaning(resolved_then_run, task=lambda: task_name(cluster))
 

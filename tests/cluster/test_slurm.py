@@ -75,3 +75,21 @@ def test_a_wrong_or_partial_environment_is_one_line_naming_the_variable(
     with pytest.raises(ValueError) as raised:
         cluster_lib.resolve_cluster()
     assert named in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_ranks_follow_the_nodelist_order_not_the_strings_order(slurm_env):
+    """gpu9 holds ranks 0-1 and gpu10 ranks 2-3 (TensorFlow's resolver sorts 'gpu10'
+    first, which would give rank 0 gpu10's address)."""
+    slurm_env({**SRUN_2X2, "SLURM_STEP_NODELIST": "gpu[9-10]"})
+    assert cluster_lib.resolve_cluster().jobs["worker"] == (
+        "gpu9:23456", "gpu9:23457", "gpu10:23456", "gpu10:23457")
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("gpu[9-10]", ["gpu9", "gpu10"]),
+    ("n[01-03,7],login", ["n01", "n02", "n03", "n7", "login"]),
+    ("a1,b[2-3]", ["a1", "b2", "b3"]),
+])
+def test_hostlists_expand_in_slurms_order(text, hosts):
+    from towerlib.cluster import slurm
+    assert slurm.expand_hostlist(text) == hosts

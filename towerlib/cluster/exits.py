@@ -131,8 +131,13 @@ def exit_by_meaning(main, task="this task", stderr=None):
             traceback.print_exception(type(error), error, error.__traceback__, file=stderr)
             stderr.write(failure_line(error, task, status) + "\n")
         else:
-            stderr.write(failure_line(error, task, status,
-                                      f"traceback: {_write_traceback(error, task)}") + "\n")
+            try:
+                detail = f"traceback: {_write_traceback(error, task)}"
+            except OSError:  # a full or read-only temporary folder: the status still counts
+                traceback.print_exception(type(error), error, error.__traceback__,
+                                          file=stderr)
+                detail = ""
+            stderr.write(failure_line(error, task, status, detail) + "\n")
         stderr.flush()
         sys.exit(status)
     stop_signal = getattr(result, "stop_signal", None)   # run_training's TrainingResult

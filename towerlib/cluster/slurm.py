@@ -4,8 +4,9 @@
 finds its place in SLURM_PROCID (its rank), SLURM_STEP_NUM_TASKS,
 SLURM_STEP_NODELIST ('node[1-2]') and SLURM_STEP_TASKS_PER_NODE ('1(x2)').
 TensorFlow's `tf.distribute.cluster_resolver.SlurmClusterResolver` turns them
-into a ClusterSpec: hosts in sorted order, ports port_base, port_base + 1, ...
-for the tasks of one node. Every task is a 'worker' (all-reduce; worker 0 is
+into a ClusterSpec: ports port_base, port_base + 1, ... for the tasks of one
+node, the hosts put back in the nodelist's order (the ranks' order; the resolver
+sorts them as strings). Tasks are distributed in blocks (srun's default). Every task is a 'worker' (all-reduce; worker 0 is
 the chief); the towers are the task's own devices.
 
 GPUs: when Slurm has already bound devices to the task (CUDA_VISIBLE_DEVICES is
@@ -33,7 +34,7 @@ def in_slurm_step(environ=None):
     A step of one task (a batch script, `srun -n 1`) is one machine: no cluster.
     """
     environ = os.environ if environ is None else environ
-    return "SLURM_PROCID" in environ and environ.get("SLURM_STEP_NUM_TASKS", "2") != "1"
+    return "SLURM_PROCID" in environ and environ.get("SLURM_STEP_NUM_TASKS", "1") != "1"
 
 
 def _port_base(environ):
@@ -84,5 +85,40 @@ def cluster_from_slurm():
             f"SLURM_STEP_NODELIST={environ['SLURM_STEP_NODELIST']!r}, "
             f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']!r}.") from None
     job_name, task_index = resolver.get_task_info()
-    jobs = {job: tuple(hosts) for job, hosts in spec.items()}
+    # The resolver lists hosts sorted as strings ('gpu10' before 'gpu9'); Slurm numbers
+    # the ranks in the nodelist's order, node by node: put the addresses in that order.
+    order = {host: i for i, host in enumerate(
+        expand_hostlist(environ["SLURM_STEP_NODELIST"]))}
+    jobs = {job: tuple(sorted(hosts, key=lambda address: (
+        order.get(address.rpartition(":")[0], len(order)),
+        int(address.rpartition(":")[2])))) for job, hosts in spec.items()}
     return jobs, job_name, task_index
+
+
+def expand_hostlist(text):
+    """Slurm's compact host list in its order: 'gpu[9-10],cpu01' -> gpu9, gpu10, cpu01.
+
+    A bracket holds ranges and single numbers ('n[01-03,7]'); a range keeps the
+    zero padding of its first number.
+    """
+    hosts, depth, start = [], 0, 0
+    for index, char in enumerate(text + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            hosts += _expand_one(text[start:index].strip())
+            start = index + 1
+    return [host for host in hosts if host]
+
+
+def _expand_one(item):
+    prefix, bracket, rest = item.partition("[")
+    if not bracket:
+        return [item]
+    ranges, _, suffix = rest.partition("]")
+    names = []
+    for part in ranges.split(","):
+        first, _, last = part.partition("-")
+        width = len(first) if first.startswith("0") else 0
+        for number in range(int(first), int(last or first) + 1):
+            names += [f"{prefix}{number:0{width}d}{tail}" for tail in _expand_one(suffix)]
+    return names
