@@ -150,6 +150,7 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
     ("--learning_rate=0.2", "optimizer learning_rate", "0.2", "0.1"),
     ("--num_towers=1", "number of towers", "1", "2"),
     ("--bn_mode=all_towers", "option bn_mode", "'all_towers'", "'sync'"),
+    ("--max_steps=30", "max_steps", "30", "20"),
 ])
 def test_workers_built_from_different_flags_stop_at_once_naming_the_difference(
         processes, tmp_path, flag, item, own, chief):

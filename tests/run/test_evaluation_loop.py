@@ -52,7 +52,7 @@ class Scores(tf.compat.v1.train.SessionRunHook):
         self.steps += 1
 
 
-def train(train_dir, max_steps, patience=PATIENCE, **options):
+def train(train_dir, max_steps, patience=PATIENCE, metric_fn=score, **options):
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         train_graph = towerlib.build_train_graph(
@@ -61,7 +61,7 @@ def train(train_dir, max_steps, patience=PATIENCE, **options):
         batches = tf.compat.v1.data.make_initializable_iterator(
             tf.data.Dataset.from_tensor_slices(np.full([6, 1], 0.5, np.float32)).batch(6))
         evaluation = towerlib.Evaluation(
-            towerlib.build_eval_graph(score, batches.get_next(), num_towers=2,
+            towerlib.build_eval_graph(metric_fn, batches.get_next(), num_towers=2,
                                       reuse_variables=True),
             every_n_steps=EVERY, metric="score", initializer=batches.initializer,
             patience=patience, **options)
@@ -151,3 +151,16 @@ def test_wrong_options_are_one_line(options, message):
         arguments.update(options)
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             towerlib.Evaluation(eval_graph, **arguments)
+
+
+def test_a_non_finite_metric_is_no_improvement_and_is_never_saved(tmp_path):
+    """A NaN metric stored as the best would make every later checkpoint refuse to save
+    (no checkpoint holds a non-finite value): it counts as no improvement instead."""
+    def nan_score(inputs, ctx):
+        w = tf.compat.v1.get_variable("w", [])
+        return {"score": w * 0.0 + inputs[:, 0] * np.float32("nan")}
+    result, steps = train(tmp_path, 100, metric_fn=nan_score)
+    assert (result.stopped_early_at, steps) == (4, 4)   # evaluations at 2 and 4: patience 2
+    reader = tf.train.load_checkpoint(result.checkpoint)
+    assert reader.get_tensor("towerlib_evaluation/best_step") == -1
+    assert not (tmp_path / "best").exists()

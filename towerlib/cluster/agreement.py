@@ -38,6 +38,8 @@ def _value_text(value):
     """A short, process-independent text for an option's value."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return repr(value)
+    if isinstance(value, numbers.Integral):
+        return repr(int(value))
     if isinstance(value, numbers.Number):
         return repr(float(value)) if isinstance(value, numbers.Real) else repr(value)
     if isinstance(value, (tf.Tensor, tf.Variable)):
@@ -77,6 +79,19 @@ def describe_step(train_graph, optimizer, build_options):
     return {name: text if len(text) <= _MAX_ITEM_CHARS else
             "digest " + hashlib.sha256(text.encode()).hexdigest()[:12]
             for name, text in items.items()}
+
+
+def describe_loop(max_steps, run_kwargs):
+    """{item: text} of the loop options every worker must share: where it stops, when
+    it saves (a restart needs a step all saved), what it evaluates and when."""
+    items = {"max_steps": _value_text(max_steps),
+             "save_checkpoint_steps": _value_text(run_kwargs.get("save_checkpoint_steps"))}
+    evaluation = run_kwargs.get("evaluation")
+    if evaluation is not None:
+        for name in ("every_n_steps", "metric", "higher_is_better", "patience",
+                     "min_delta", "num_batches"):
+            items[f"evaluation {name}"] = _value_text(getattr(evaluation, name))
+    return items
 
 
 def _encoded(description):

@@ -301,9 +301,13 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
             "needs a step every worker saved. Fix: save_checkpoint_steps across workers.")
     wait_for_workers(cluster, startup_timeout_secs)
     if graph.step_description is not None:
+        # The loop's options too: a worker with another max_steps (or evaluation) would
+        # leave the others waiting at a step it never runs.
+        description = dict(graph.step_description, **agreement.describe_loop(
+            max_steps, run_kwargs))
         try:  # before anything is restored or exchanged: one line, every worker
             agreement.check_workers_agree(cluster, server, graph.session_config,
-                                          graph.step_description, startup_timeout_secs)
+                                          description, startup_timeout_secs)
         except _LOST_PEER_ERRORS:
             raise WorkerLostError(_lost_message(
                 cluster, startup_timeout_secs, "the workers could not compare their "

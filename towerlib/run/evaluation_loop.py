@@ -71,7 +71,8 @@ class Evaluation:
         self.keep_best = keep_best
         self.patience = patience
         self.min_delta = float(min_delta)
-        self.state = _State.create()
+        with eval_graph.update_op.graph.as_default():
+            self.state = _State.create()
         self.agree = None  # set by with_agreement
 
     def with_agreement(self, agree):
@@ -161,6 +162,7 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         self._summary_writer = summary_writer
         self._global_step = None
         self._values = None
+        self._evaluated_step = None
         self._best_writer = None
         self.stopped_early_at = None
         self.last_values = None
@@ -188,8 +190,11 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
 
     def after_run(self, run_context, run_values):
         step = int(run_values.results)
-        if step % self._evaluation.every_n_steps:
+        # A float16 step skipped on an overflow leaves the global step where it was:
+        # that step has been evaluated already.
+        if step % self._evaluation.every_n_steps or step == self._evaluated_step:
             return
+        self._evaluated_step = step
         session = run_context.session
         values = self._evaluate(session)
         self._record(session, step, values)
@@ -217,13 +222,18 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         state = self._evaluation.state
         best, best_step, since = session.run(
             [state.best, state.best_step, state.since_best])
-        if best_step < 0 or self._evaluation.improved(decided, best):
+        # A NaN or Inf metric is never an improvement, and never stored (no checkpoint
+        # may hold a non-finite value).
+        improved = math.isfinite(decided) and (
+            best_step < 0 or self._evaluation.improved(decided, best))
+        if improved:
             best, best_step, since = decided, step, 0
-            self._save_best(session, step)
         else:
             since += 1
         session.run(state.assign, {state.value: best, state.step: best_step,
                                    state.since: since})
+        if improved:  # after the state: the best checkpoint holds it as of this step
+            self._save_best(session, step)
         logger.info("step %d: evaluation %s (best %s %.6g at step %d)", step,
                     ", ".join(f"{name} {float(v):.6g}" for name, v in sorted(values.items())),
                     self._evaluation.metric, best, best_step)
