@@ -69,3 +69,9 @@ def test_a_graph_built_for_several_workers_is_refused_in_a_local_session(tmp_pat
         with pytest.raises(towerlib.ConfigError, match=r"master: is '' .* all-reduces "
                            r"across workers .*run_distributed_training"):
             towerlib.run_training(train, train_dir=str(tmp_path), max_steps=1)
+
+
+def test_validate_config_names_a_session_config_that_is_no_configproto():
+    """The rule lives in validate_config, so a script's up-front check says it too."""
+    with pytest.raises(towerlib.ConfigError, match=r"^session_config: is a dict\. Fix: "):
+        towerlib.validate_config(session_config={"a": 1}, num_towers=2)

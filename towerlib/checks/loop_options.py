@@ -145,18 +145,14 @@ def check_trace_steps(check, trace_steps, max_steps=None):
                   f"trace steps up to {max_steps}, or raise max_steps.")
 
 
-def loop_argument_problems(session_config, hooks, stop_on_signals, collective_timeout_secs):
+def loop_argument_problems(hooks, stop_on_signals, collective_timeout_secs):
     """[(option, problem, fix)] for run_training's arguments of the wrong type.
 
-    Checked before anything reads them: a dict for a ConfigProto, a number for a hook,
-    a name for a signal failed deep in TensorFlow or in Python's signal module.
+    Checked before anything reads them: a number for a hook or a name for a signal
+    failed deep in TensorFlow or in Python's signal module (validate_config judges
+    session_config).
     """
     problems = []
-    if session_config is not None and not isinstance(session_config,
-                                                     tf.compat.v1.ConfigProto):
-        problems.append(("session_config", f"is a {type(session_config).__name__}.",
-                         "pass towerlib.session_config(num_towers) or a "
-                         "tf.compat.v1.ConfigProto."))
     listed = hooks if isinstance(hooks, (list, tuple)) else None
     if listed is None or not all(isinstance(h, tf.compat.v1.train.SessionRunHook)
                                  for h in listed):

@@ -11,6 +11,8 @@ count, batch sizes, devices, modes, paths), before building the graph.
 import dataclasses
 import numbers
 
+import tensorflow as tf
+
 from towerlib.checks import loop_options
 from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
@@ -166,6 +168,11 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
     for option in required:
         if given.get(option, None) is None:
             check.add(option, "is required.", _REQUIRED_FIXES.get(option, "give it."))
+    if session_config is not None and not isinstance(session_config,
+                                                     tf.compat.v1.ConfigProto):
+        check.add("session_config", f"is a {type(session_config).__name__}.",
+                  "pass towerlib.session_config(num_towers) or a tf.compat.v1.ConfigProto.")
+        session_config = None
     cpu_devices = None if session_config is None else session_config.device_count.get("CPU", 1)
     problems, towers = devices_lib.tower_problems(
         num_towers, devices, device_type, gpus=devices_lib.local_gpu_count(),

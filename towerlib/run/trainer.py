@@ -151,7 +151,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
       towerlib.DataError: the input ended before the first step.
     """
     trace_steps = loop_options.bounded_trace_steps(trace_steps)  # never unbounded
-    wrong = loop_options.loop_argument_problems(session_config, hooks, stop_on_signals,
+    wrong = loop_options.loop_argument_problems(hooks, stop_on_signals,
                                                 collective_timeout_secs)
     if train_graph.broadcast_op is not None and not master:
         wrong.append(("master", "is '' (a session of this process), and the step "
