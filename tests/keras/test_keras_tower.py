@@ -20,6 +20,13 @@ def model_values(values):
     return {k: v for k, v in values.items() if k != "global_step"}
 
 
+def without_moving_variance(values):
+    """The Keras layer's moving variance is tf_keras' own (Bessel-corrected, as its fused
+    kernel), towerlib.batch_norm's the biased one: held to tf_keras in
+    test_keras_as_keras, left out where the two networks are compared."""
+    return {k: v for k, v in model_values(values).items() if "moving_variance" not in k}
+
+
 def assert_close(got, want, atol=1e-5, what=""):
     assert sorted(got) == sorted(want), what
     worst = max((float(np.max(np.abs(got[k] - want[k]))), k) for k in want)
@@ -38,7 +45,8 @@ def test_keras_model_trains_as_towerlibs_batch_norm_does(bn_mode, update, num_to
                    optimizer_kind=optimizer_kind)
     got, got_reg, copies = km.train(keras_tower, images, labels, **options)
     want, want_reg, _ = km.train(km.towerlib_tower, images, labels, **options)
-    assert_close(model_values(got), model_values(want), what=f"{bn_mode} {update}")
+    assert_close(without_moving_variance(got), without_moving_variance(want),
+                 what=f"{bn_mode} {update}")
     np.testing.assert_allclose(got_reg, want_reg, rtol=1e-5)
     assert np.abs(got["bn/moving_mean"]).max() > 1e-3  # the statistics moved
     for name, value in copies.items():  # every replicated copy equals tower 0's

@@ -15,9 +15,11 @@ Keras checkpoint still loads):
   `trainable=False`, Keras' frozen batch norm): the moving statistics.
 
 Keras' momentum convention is towerlib's (moving = momentum * moving +
-(1 - momentum) * batch). The moving variance takes the batch's biased
-variance, as everywhere in towerlib; Keras' fused kernel takes the unbiased
-one (a factor n / (n - 1) on the update: docs/porting.md).
+(1 - momentum) * batch). The moving statistics are those tf_keras would
+compute on the batch the mode normalizes: a fused layer (4-D or 5-D input,
+`layer.fused`) averages the Bessel-corrected variance (x n / (n - 1), n the
+examples x positions of the global batch under 'sync' and 'all_towers', of
+tower 0's shard under 'first_tower'), a non-fused one the biased variance.
 
 `training` as Keras passes it: a Python bool is used; None or Keras'
 learning-phase placeholder means the tower's mode (ctx.is_training); a bool
@@ -83,7 +85,7 @@ def keras_batch_norm(layer, inputs, training, ctx):
         return normalization.normalize_with_variables(
             tf.convert_to_tensor(inputs), dataclasses.replace(ctx, is_training=is_training),
             layer_name=name, axis=axis, momentum=momentum, epsilon=layer.epsilon,
-            **variables)
+            unbiased_moving_variance=bool(getattr(layer, "fused", False)), **variables)
 
     if static is not None:
         return normalize(static, layer.momentum)

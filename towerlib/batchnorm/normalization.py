@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from towerlib.batchnorm import moments
 from towerlib.batchnorm import worker_statistics
-from towerlib.batchnorm.statistics import BatchNormStatistics
+from towerlib.batchnorm.statistics import BatchNormStatistics, moving_variance_input
 
 
 def _training_batch_norm(x, axes, ctx, layer_name, beta, gamma, epsilon, synchronized):
@@ -232,7 +232,7 @@ def batch_norm(x, ctx, *, name, axis=-1, momentum=0.99, epsilon=1e-3,
 
 
 def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, beta, gamma,
-                             moving_mean, moving_variance):
+                             moving_mean, moving_variance, unbiased_moving_variance=False):
     """`batch_norm` on variables that already exist (a tf_keras layer's, say).
 
     Args:
@@ -243,6 +243,8 @@ def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, bet
       beta, gamma: [C] variables, or None (center=False / scale=False).
       moving_mean, moving_variance: [C] variables, updated as bn_mode says
         (through ctx.records inside a builder, else UPDATE_OPS).
+      unbiased_moving_variance: the moving variance averages the Bessel-corrected
+        variance of the batch the mode normalizes (tf_keras' fused kernel).
 
     Returns:
       A tensor shaped like x.
@@ -259,7 +261,7 @@ def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, bet
             tower_index=ctx.index, count=tf.stop_gradient(count),
             mean=tf.stop_gradient(mean), variance=tf.stop_gradient(variance),
             moving_mean=moving_mean, moving_variance=moving_variance,
-            momentum=momentum)
+            momentum=momentum, unbiased=unbiased_moving_variance)
         if ctx.records is not None:
             ctx.records.add_batch_norm(layer_name, statistics)
         else:
@@ -283,10 +285,11 @@ def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, bet
 
 def _updates_from(statistics):
     with tf.device(statistics.moving_mean.device):
+        variance = moving_variance_input(statistics.variance, statistics.count,
+                                         statistics.unbiased)
         return [
             _update_moving(statistics.moving_mean, statistics.mean, statistics.momentum),
-            _update_moving(statistics.moving_variance, statistics.variance,
-                           statistics.momentum),
+            _update_moving(statistics.moving_variance, variance, statistics.momentum),
         ]
 
 
@@ -344,9 +347,9 @@ def moving_average_updates(records, bn_mode, shared=None):
             first = used[0]
             if len(used) > 1:
                 with tf.device(first.moving_mean.device):
-                    _, mean, variance = pooled_statistics(used)
+                    total, mean, variance = pooled_statistics(used)
                 first = dataclasses.replace(
-                    first, tower_index=-1, count=None, mean=mean, variance=variance)
+                    first, tower_index=-1, count=total, mean=mean, variance=variance)
             # Replicated variables: every tower's copy takes the same change,
             # computed once from tower 0's copy (the copies are equal).
             copies, seen = [], set()
@@ -365,8 +368,11 @@ def _same_update_on_every_copy(statistics, copies):
     each copy's assign_sub returns no value (no read op per copy).
     """
     updates = []
+    with tf.device(statistics.moving_mean.device):
+        variance = moving_variance_input(statistics.variance, statistics.count,
+                                         statistics.unbiased)
     for variable_of, value in ((lambda s: s.moving_mean, statistics.mean),
-                               (lambda s: s.moving_variance, statistics.variance)):
+                               (lambda s: s.moving_variance, variance)):
         first = variable_of(statistics)
         with tf.device(first.device):
             change = (first - tf.cast(value, first.dtype)) * (1.0 - statistics.momentum)
@@ -377,11 +383,13 @@ def _same_update_on_every_copy(statistics, copies):
 
 
 def _updates_across_workers(records, shared):
-    """Each local copy updated from statistics every worker shares."""
+    """Each local copy updated from statistics every worker shares (a moving variance's
+    Bessel correction, if any, already made: worker_statistics)."""
     updates = []
     for layer_name, layer_statistics in records.batch_norm.items():
         for index, (mean, variance) in enumerate(shared[layer_name]):
             copy = next(s for s in layer_statistics if s.tower_index == index)
             updates.extend(_updates_from(dataclasses.replace(
-                copy, tower_index=-1, count=None, mean=mean, variance=variance)))
+                copy, tower_index=-1, count=None, mean=mean, variance=variance,
+                unbiased=False)))
     return updates

@@ -12,10 +12,15 @@ this module only says what crosses):
 - 'all_towers': every tower's (count, mean, variance), gathered in member
   order and pooled by the same formula on every worker.
 
-With gradient accumulation each tower first pools its own micro-batches.
+With gradient accumulation each tower first pools its own micro-batches. A
+layer whose moving variance is Bessel-corrected (tf_keras' fused kernel)
+has it corrected with the count of the batch it stands for: by the chief
+before sending, or after pooling.
 """
 
 import tensorflow as tf
+
+from towerlib.batchnorm.statistics import moving_variance_input
 
 __all__ = ["statistics_for_copies"]
 
@@ -58,6 +63,7 @@ def statistics_for_copies(layer_name, layer_statistics, bn_mode, reducer):
       bit-identical on every tower of every worker.
     """
     result = []
+    unbiased = any(s.unbiased for s in layer_statistics)
     for index in range(reducer.num_towers):
         count, mean, variance = _own_statistics(layer_statistics, index)
         channels = int(mean.shape[0])
@@ -67,8 +73,10 @@ def statistics_for_copies(layer_name, layer_statistics, bn_mode, reducer):
                 rows = reducer.gather(row, tower_index=index,
                                       name=f"{layer_name}/moving_statistics")
                 counts, means, variances = tf.split(rows, [1, channels, channels], axis=1)
-                _, mean, variance = _pooled(counts, means, variances)
+                total, mean, variance = _pooled(counts, means, variances)
+                variance = moving_variance_input(variance, total, unbiased)
             else:
+                variance = moving_variance_input(variance, count, unbiased)
                 sent = tf.concat([mean, variance], axis=0)
                 if reducer.member(index) != 0:
                     sent = tf.zeros_like(sent)
