@@ -11,4 +11,5 @@ The package, one job per module:
   tower_isolation.py  no tower's loss may read another tower's examples
   graph_walk.py       walking a graph backwards, for the build-time checks
   run_time.py         run-time checks of a batch, reported in one line
+  compute_dtypes.py   the towers compute in the build's precision, or it is said
 """

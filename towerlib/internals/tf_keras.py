@@ -166,3 +166,35 @@ def _uninstall(base):
         if _installed["count"] == 0:
             base.call = _installed["original"]
             _installed["original"] = None
+
+
+def policy_name(layer):
+    """The layer's mixed-precision policy name ('float32', 'mixed_bfloat16', 'int32'...)."""
+    policy = getattr(layer, "dtype_policy", None)
+    return getattr(policy, "name", None)
+
+
+def compute_dtype_of(layer):
+    """The dtype name the layer computes in ('bfloat16' under 'mixed_bfloat16'), or None."""
+    return getattr(layer, "compute_dtype", None)
+
+
+@contextlib.contextmanager
+def global_policy(name):
+    """Layers constructed while open take Keras' mixed-precision policy `name`.
+
+    tf_keras.mixed_precision.set_global_policy is process-wide: the previous
+    policy is put back on exit (construction is short and single-threaded).
+    """
+    mixed_precision = loaded().mixed_precision
+    before = mixed_precision.global_policy()
+    mixed_precision.set_global_policy(name)
+    try:
+        yield
+    finally:
+        mixed_precision.set_global_policy(before)
+
+
+def loss_function(identifier):
+    """A loss given by name ('mse', 'sparse_categorical_crossentropy'), as compile reads it."""
+    return loaded().losses.get(identifier)

@@ -63,16 +63,34 @@ updates keeps full precision. Non-trainable variables (moving statistics,
 counters) are returned exactly as they are.
 """
 
+import contextlib
+import dataclasses
+import threading
+
 import tensorflow as tf
 
 from towerlib.internals import error_texts
 
 __all__ = ["COMPUTE_DTYPES", "cast_inputs", "check_compute_dtype", "compute_in",
-           "float32_storage_getter", "loss_to_float32"]
+           "float32_storage_getter", "loss_to_float32", "weights_read_as_stored"]
 
 COMPUTE_DTYPES = ("float32", "float16", "bfloat16")
 
 _STORED_AS_FLOAT32 = (tf.float32, tf.float16, tf.bfloat16)
+
+_as_stored = threading.local()  # .depth > 0: the storage getter returns variables uncast
+
+
+@contextlib.contextmanager
+def weights_read_as_stored():
+    """While open, in this thread, float32_storage_getter hands back the float32
+    variable itself, uncast: for a model that casts its own weights (a Keras
+    mixed-precision policy reads each through an AutoCastVariable)."""
+    _as_stored.depth = getattr(_as_stored, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _as_stored.depth -= 1
 
 
 def check_compute_dtype(name):
@@ -177,7 +195,8 @@ def float32_storage_getter(compute_dtype):
             return getter(name, *args, **kwargs)
         kwargs["dtype"] = tf.float32
         variable = getter(name, *args, **kwargs)
-        if compute_dtype == tf.float32 or variable.dtype.base_dtype != tf.float32:
+        if compute_dtype == tf.float32 or variable.dtype.base_dtype != tf.float32 \
+                or getattr(_as_stored, "depth", 0):
             return variable
         return tf.cast(variable, compute_dtype, name=_cast_name(name, compute_dtype))
 
@@ -196,7 +215,8 @@ def compute_in(tower_fn, compute_dtype):
     the original:
 
       1. cast_inputs(inputs, compute_dtype): images [N, ...] to the compute
-         dtype, labels untouched;
+         dtype, labels untouched; the tower's ctx says the dtype
+         (ctx.compute_dtype);
       2. builds the tower in the current variable scope re-entered with
          float32_storage_getter in front of whatever getter the scope has
          (reuse and names are the scope's own, so tower 1 reuses tower 0's
@@ -224,7 +244,8 @@ def compute_in(tower_fn, compute_dtype):
         with tf.compat.v1.variable_scope(scope, custom_getter=getter,
                                          auxiliary_name_scope=False):
             try:
-                result = build(cast_inputs(inputs, compute_dtype), ctx)
+                result = build(cast_inputs(inputs, compute_dtype),
+                               dataclasses.replace(ctx, compute_dtype=compute_dtype))
             except TypeError as error:
                 if not error_texts.is_fused_batch_norm_dtype(error):
                     raise

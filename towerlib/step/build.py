@@ -15,6 +15,7 @@ from typing import Any, List
 import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
+from towerlib.checks import compute_dtypes
 from towerlib.precision import casting
 from towerlib.precision import guards
 from towerlib.step import accumulation
@@ -175,12 +176,17 @@ class _MicroBatches:
         setting, objective = self._setting, self._objective
         bn_mode, update = setting.options.bn_mode, setting.variable_update
         regularization_before = objective.regularization_before()
+        graph = tf.compat.v1.get_default_graph()
+        ops_before = len(graph.get_operations())
         towers, records = towers_lib.build_towers(
             self._tower_fn, micro_batch_inputs, devices=setting.devices, is_training=True,
             bn_mode=bn_mode, param_device=update.param_device,
             records=TowerRecords(len(setting.devices)), cross_tower=setting.reducer,
             check_isolation=self._check_isolation, variable_getter=update.variable_getter)
         _check_built_towers(towers, bn_mode, update, setting.reducer, records)
+        compute_dtypes.check_compute_dtype(
+            graph.get_operations()[ops_before:], setting.options.precision.compute_dtype,
+            towers[0].context.name_scope)
         self.trained_variables = _trained_variables(self._var_list, self._trainable_before)
         activity_before = len(objective.weighted_activity)
         towers, tower_objectives = objective.add_micro_batch(

@@ -114,6 +114,10 @@ class TowerContext:
         the step's k micro-batches an input function is called for, 0..k-1;
         else 0. The tower function is built once for every micro-batch (a
         loop, towerlib.step.micro_loop) and sees 0.
+      compute_dtype: the dtype the tower computes its activations in (the
+        build's `precision`): tf.float32, tf.bfloat16 or tf.float16. towerlib
+        casts the inputs and get_variable's weights to it; a Keras model
+        takes it as its mixed-precision policy (towerlib.KerasTower).
     """
 
     index: int = 0
@@ -126,6 +130,7 @@ class TowerContext:
     records: Optional[TowerRecords] = None
     cross_tower: Any = None
     micro_batch: int = 0
+    compute_dtype: tf.DType = tf.float32
 
     def __post_init__(self):
         object.__setattr__(self, "bn_mode", check_bn_mode(self.bn_mode))

@@ -6,10 +6,22 @@
     train = towerlib.build_train_graph(tower, (images, labels), optimizer, num_towers=4,
                                        update=towerlib.Replicated(), bn_mode="sync")
 
-The inputs are (features, labels); each tower calls the model on its shard
-with `training` set from the step (True in training towers, False in
-evaluation towers) and returns {'loss': the mean of `loss(labels, outputs)`
-over its examples, plus per-example metrics for build_eval_graph}.
+The inputs are (features, labels), each a tensor, list or dict as the model
+takes them; each tower calls the model on its shard with `training` set from
+the step (True in training towers, False in evaluation towers) and returns
+{'loss': the loss over its examples as compile forms it (per-output losses
+and loss_weights: towerlib.step.keras_objective), plus per-example metrics
+for build_eval_graph}.
+
+The model trains as Keras trains it. The variables trained are the model's
+`trainable_weights` when the step is built: a frozen layer's (`trainable =
+False`, the base of a fine-tuning) leave the graph's TRAINABLE_VARIABLES
+collection, so they get no update and no optimizer slot, and a frozen
+batch norm runs in inference mode. Unfreezing takes effect in the next
+build. The precision is the build's: under BFloat16() / Float16() the model
+computes under Keras' 'mixed_bfloat16' / 'mixed_float16' policy (float32
+variables; a function that builds the model is called under it), the one
+way, so a model object of another policy is refused in one line.
 
 The weights. Keras shares weights by calling the same layer object, and
 ignores variable scopes, so towerlib routes the model's variable creation
@@ -42,7 +54,9 @@ import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
 from towerlib.internals import error_texts, function_graphs, tf_keras
+from towerlib.precision import casting
 from towerlib.step import loss_terms
+from towerlib.step.keras_objective import KerasObjective
 from towerlib.step.towers import TowerModel
 
 __all__ = ["KerasTower"]
@@ -55,22 +69,20 @@ class KerasTower(TowerModel):
       model: a tf_keras.Model, or a function of no arguments returning one.
       loss: (labels, outputs) -> the loss, a scalar mean over the examples
         or one value per example ([n], averaged here); e.g. a
-        tf_keras.losses.Loss object. None when only `outputs` is used, from
-        a tower function of your own.
+        tf_keras.losses.Loss object. For several outputs, a list or dict
+        per output, as model.compile takes it. None when only `outputs` is
+        used, from a tower function of your own.
       metrics: None, or (labels, outputs) -> {name: [n] per-example tensor}
-        for build_eval_graph. None gives 'correct' (top-1) when the outputs
-        are [n, classes] scores and the labels [n] class ids.
+        for build_eval_graph, or a dict of such functions per output. None
+        gives 'correct' (top-1) when the outputs are [n, classes] scores and
+        the labels [n] class ids.
+      loss_weights: None, or a list or dict per output, as model.compile.
     """
 
-    def __init__(self, model, loss, metrics=None):
+    def __init__(self, model, loss, metrics=None, loss_weights=None):
         _check_model(model)
-        if loss is not None and not callable(loss):
-            raise TypeError(f"KerasTower's loss must be a callable (labels, outputs) -> loss, "
-                            f"got {type(loss).__name__}. Fix: e.g. tf_keras.losses."
-                            "SparseCategoricalCrossentropy(from_logits=True).")
         self._given = model
-        self._loss = loss
-        self._metrics = metrics
+        self._objective = KerasObjective(loss, loss_weights, metrics)
         self._models = weakref.WeakKeyDictionary()  # root graph -> {tower index: model}
         self._name_counters = weakref.WeakKeyDictionary()  # root graph -> before 1st build
 
@@ -84,33 +96,38 @@ class KerasTower(TowerModel):
         models = self._models.setdefault(graph, {})
         if 0 not in models:
             with graph.as_default():
-                models[0] = self._main_model(graph, getter=None)
+                models[0] = self._main_model(graph, getter=None, policy=None)
         return models[0]
 
     def build(self, inputs, ctx):
         """{'loss': the mean loss over the tower's examples, and the metrics}."""
-        if self._loss is None:
+        if not self._objective.has_loss and ctx.is_training:
             raise ValueError("This KerasTower was made without a loss; it gives the model's "
                              "outputs (KerasTower.outputs) to your own tower function. "
                              "Fix: KerasTower(model, loss) to use it as the tower function.")
         features, labels = _features_and_labels(inputs)
         outputs = self.outputs(features, ctx)
-        loss = tf.convert_to_tensor(self._loss(labels, outputs))
-        if loss.shape.rank != 0:
-            loss = tf.reduce_mean(loss)
-        metrics = (self._metrics or _default_metrics)(labels, outputs)
-        return {"loss": loss, **metrics}
+        names = list(getattr(self._tower_main_model(), "output_names", None) or [])
+        metrics = self._objective.metrics(labels, outputs, names)
+        if not self._objective.has_loss:  # an evaluation tower: metrics only
+            return metrics
+        return {"loss": self._objective.loss(labels, outputs, names), **metrics}
+
+    def _tower_main_model(self):
+        graph = function_graphs.root_graph(tf.compat.v1.get_default_graph())
+        return self._models[graph][0]
 
     def outputs(self, features, ctx):
         """The model's outputs on `features` in tower `ctx`, for a tower function of your own.
 
         The tower's model (tower 0's, or its replicated copy), `training` from
-        ctx.is_training, the model's losses and updates registered as `build` does.
+        ctx.is_training, the model's losses and updates registered as `build`
+        does, computing in ctx.compute_dtype (the build's precision).
         """
-        _check_float32(features)
         graph = tf.compat.v1.get_default_graph()
         try:
-            return self._outputs(features, ctx, graph)
+            with casting.weights_read_as_stored():  # Keras' policy casts the weights
+                return self._outputs(features, ctx, graph)
         except ValueError as error:
             if not (function_graphs.in_function_body(graph)
                     and error_texts.is_foreign_graph_element(error)):
@@ -123,30 +140,36 @@ class KerasTower(TowerModel):
 
     def _outputs(self, features, ctx, graph):
         getter = tf.compat.v1.get_variable_scope().custom_getter
-        model, originals = self._tower_model(ctx, getter)
+        policy = _policy_for(ctx)
+        model, originals = self._tower_model(ctx, getter, policy)
         if model is None:  # replicated: tower ctx.index's own copy, made here
-            model = self._construct(self._copy, getter, originals)
+            main = self._models[function_graphs.root_graph(graph)][0]
+            model = self._construct(self._copy, getter, originals, policy)
+            _same_trainable_flags(main, model)
             self._models[function_graphs.root_graph(graph)][ctx.index] = model
-        _check_float32_policy(model)
+        if ctx.is_training:
+            _check_policy(model, ctx.compute_dtype)
         ops_before = len(graph.get_operations())
         with _variables_through(getter, originals, ctx.name_scope), \
                 keras_layers.keras_batch_norm_in(ctx):
             outputs = model(features, training=ctx.is_training)
+        if ctx.index == 0:
+            _leave_frozen_weights_untrained(model, graph)
         _register_losses(model, ctx, graph.get_operations()[ops_before:])
         _register_updates(model, ctx)
         return outputs
 
-    def _tower_model(self, ctx, getter):
+    def _tower_model(self, ctx, getter, policy):
         """(the model tower ctx.index calls, or None to copy; tower 0's weights by name)."""
         graph = function_graphs.root_graph(tf.compat.v1.get_default_graph())
         models = self._models.setdefault(graph, {})
         if 0 not in models:
-            models[0] = self._main_model(graph, getter)
+            models[0] = self._main_model(graph, getter, policy)
         main = models[0]
         if ctx.index == 0:
             _register_existing(main, getter)
             return main, {}
-        originals = {v.op.name: v for v in main.weights}
+        originals = {v.op.name: v for v in _stored(main.weights)}
         if ctx.index in models:
             return models[ctx.index], originals
         if not _tower_has_copies(main, getter):
@@ -163,7 +186,7 @@ class KerasTower(TowerModel):
     def _builder(self):
         return None if tf_keras.is_keras2_model(self._given) else self._given
 
-    def _main_model(self, graph, getter):
+    def _main_model(self, graph, getter, policy):
         if self._builder() is None:
             model = self._given
             if model.built and model.weights and (
@@ -173,18 +196,22 @@ class KerasTower(TowerModel):
                     "than this build's. Fix: pass a function that builds the model "
                     "(KerasTower(lambda: make_model(), loss)), which is called once per graph.")
             return model
-        model = self._construct(self._given, getter, {})
+        model = self._construct(self._given, getter, {}, policy)
         _check_built_model(model)
         return model
 
-    def _construct(self, make, getter, originals):
+    def _construct(self, make, getter, originals, policy):
         """make(), outside every tower: a scope of its own, tf_keras' own batch norm,
-        layers numbered as at the first construction, variables through `getter`."""
+        layers numbered as at the first construction, variables through `getter`,
+        under Keras' mixed-precision `policy` (None: the global one)."""
         graph = tf.compat.v1.get_default_graph()
-        counters = self._name_counters.setdefault(function_graphs.root_graph(graph), tf_keras.name_counters())
+        counters = self._name_counters.setdefault(function_graphs.root_graph(graph),
+                                                  tf_keras.name_counters())
         tf_keras.restore_name_counters(counters)
         with graph.name_scope(None), graph.name_scope("keras_model") as scope, \
                 tf_keras.routed_batch_norm_calls(None), \
+                tf_keras.global_policy(policy) if policy else contextlib.nullcontext(), \
+                casting.weights_read_as_stored(), \
                 _variables_through(getter, originals, scope):
             return make()
 
@@ -205,24 +232,74 @@ class KerasTowerError(TypeError):
     """A Keras model in a setting KerasTower cannot train it in."""
 
 
-def _check_float32(features):
-    """towerlib's half precisions cast tf.compat.v1 variables and inputs, not Keras layers."""
-    dtype = getattr(features, "dtype", None)
-    if dtype in (tf.float16, tf.bfloat16):
-        raise KerasTowerError(
-            f"KerasTower got {dtype.name} features: towerlib's precision=Float16()/"
-            "BFloat16() casts get_variable weights and the inputs, which a Keras model does "
-            "not use. Fix: precision=towerlib.Float32() with a Keras model.")
+_MIXED = {tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}
 
 
-def _check_float32_policy(model):
-    policies = {layer.compute_dtype for layer in [model] + list(model.submodules)
-                if hasattr(layer, "compute_dtype") and hasattr(layer, "dtype_policy")}
-    if policies - {"float32"}:
+def _policy_for(ctx):
+    """Keras' policy name for the tower's compute dtype; None in float32 (left as set)."""
+    return _MIXED.get(ctx.compute_dtype) if ctx.is_training else None
+
+
+def _check_policy(model, compute_dtype):
+    """The model computes in the build's dtype, or is refused naming the one way.
+
+    Layers of integer compute dtype (an int32 Input of token ids) do not
+    count; a float32 layer inside a mixed model (a final softmax kept in
+    float32, as Keras recommends) is allowed.
+    """
+    computed = {tf.as_dtype(d) for d in (tf_keras.compute_dtype_of(layer) for layer in
+                [model] + list(model.submodules)) if d and tf.as_dtype(d).is_floating}
+    half = computed & {tf.float16, tf.bfloat16}
+    if compute_dtype == tf.float32 and half:
+        (dtype,) = sorted(d.name for d in half)[:1]
         raise KerasTowerError(
-            f"KerasTower: the model {model.name!r} computes in {sorted(policies)} (a Keras "
-            "mixed-precision policy); towerlib trains Keras models in float32 for now. "
-            "Fix: tf_keras.mixed_precision.set_global_policy('float32') before building it.")
+            f"KerasTower: the model {model.name!r} computes in {dtype} (a Keras mixed-"
+            f"precision policy) but the build's precision is float32. Fix: "
+            f"precision=towerlib.{_PRECISION[dtype]}() (the policy then means the same), or "
+            "build the model under the 'float32' policy.")
+    if compute_dtype != tf.float32 and half != {compute_dtype}:
+        seen = sorted(d.name for d in computed) or ["float32"]
+        raise KerasTowerError(
+            f"KerasTower: precision={_PRECISION[compute_dtype.name]}() but the model "
+            f"{model.name!r} computes in {seen}: it was constructed under another Keras "
+            "policy. Fix: give KerasTower a function that builds the model (towerlib calls "
+            f"it under Keras' {_MIXED[compute_dtype]!r} policy), or construct it after "
+            f"tf_keras.mixed_precision.set_global_policy({_MIXED[compute_dtype]!r}).")
+
+
+_PRECISION = {"float32": "Float32", "bfloat16": "BFloat16", "float16": "Float16"}
+
+
+def _leave_frozen_weights_untrained(model, graph):
+    """Keras' frozen weights out of TRAINABLE_VARIABLES, so no step trains them.
+
+    tf_keras leaves a `trainable = False` layer's variables in the collection
+    (only `model.trainable_weights` drops them), and the collection is
+    towerlib's default var_list. Every graph from this one to the root.
+    """
+    trainable = {w.op.name for w in model.trainable_weights}
+    frozen = {w.op.name for w in model.weights} - trainable
+    key = tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES
+    while graph is not None and frozen:
+        kept = graph.get_collection_ref(key)
+        kept[:] = [v for v in kept if getattr(v, "op", None) is None
+                   or v.op.name not in frozen]
+        graph = getattr(graph, "outer_graph", None)
+
+
+def _same_trainable_flags(main, copy):
+    """A replicated tower's clone freezes what the model freezes (layer by layer name)."""
+    flags = {path: layer.trainable for path, layer in _layers_by_path(main)}
+    for path, layer in _layers_by_path(copy):
+        if path in flags and layer.trainable != flags[path]:
+            layer.trainable = flags[path]
+
+
+def _layers_by_path(model, prefix=""):
+    for layer in getattr(model, "layers", []):
+        path = f"{prefix}{layer.name}"
+        yield path, layer
+        yield from _layers_by_path(layer, path + "/")
 
 
 def _check_model(model):
@@ -265,15 +342,6 @@ def _features_and_labels(inputs):
         "(images, labels).")
 
 
-def _default_metrics(labels, outputs):
-    if (isinstance(outputs, tf.Tensor) and outputs.shape.rank == 2
-            and isinstance(labels, tf.Tensor) and labels.shape.rank == 1
-            and labels.dtype.is_integer):
-        correct = tf.math.in_top_k(tf.cast(labels, tf.int32), tf.cast(outputs, tf.float32), 1)
-        return {"correct": tf.cast(correct, tf.int32)}
-    return {}
-
-
 class _CopyAsked(Exception):
     pass
 
@@ -282,7 +350,7 @@ def _tower_has_copies(main, getter):
     """Whether this tower's variable scope gives it its own copies (replicated)."""
     if getter is None or not main.weights:
         return False
-    weight = main.weights[0]
+    weight = _stored(main.weights[:1])[0]
 
     def base(name, *args, **kwargs):
         if name == weight.op.name:
@@ -295,23 +363,31 @@ def _tower_has_copies(main, getter):
         return True
 
 
+def _stored(weights):
+    """The graph's variables behind `weights` (a mixed-precision policy hands out
+    AutoCastVariable wrappers; the getters and copies know the variables)."""
+    graph_variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+    return [graph_variables.get(w.op.name, w) for w in weights]
+
+
 def _register_existing(model, getter):
     """Hands tower 0's existing weights to the scope's getter (replicated copies index them)."""
     if getter is None:
         return
-    for weight in model.weights:
+    for weight in _stored(model.weights):
         _a_variable(getter(lambda *a, _weight=weight, **k: _weight, weight.op.name),
                     weight.op.name)
 
 
 def _a_variable(value, name):
-    """The scope's getter must hand Keras a variable (towerlib's casting getter does not)."""
+    """The scope's getter must hand Keras a variable (a custom getter of yours may not)."""
     if not isinstance(value, tf.Variable):
         raise KerasTowerError(
             f"KerasTower: the tower's variable scope gives {name!r} as a "
-            f"{type(value).__name__}, not a variable (a custom getter that casts, such as "
-            "towerlib's Float16()/BFloat16() storage); Keras layers need variables. Fix: "
-            "precision=towerlib.Float32() with a Keras model.")
+            f"{type(value).__name__}, not a variable (a custom getter that casts or "
+            "computes); Keras layers need variables. Fix: a custom getter that returns "
+            "the variable; for half precision, the build's precision= (Keras' policy "
+            "then casts the weights).")
     return value
 
 

@@ -242,7 +242,9 @@ class VariableCopies:
                 "build_train_graph, say) or only read by some towers. With "
                 "update='replicated' every trained variable must be "
                 "created by the tower function; or train it with "
-                "update='parameter_server'.")
+                "update='parameter_server'. A tf_keras model object called in your "
+                "tower function: call it as towerlib.KerasTower(model, None)."
+                "outputs(features, ctx), which gives each tower its copy.")
         return known[tower_index]
 
     def _add(self, name, tower_index, variable):
