@@ -6,14 +6,24 @@ MonitoredSession treats as a lost ps task) or, for a layer whose shape only
 the next op's broadcast sees, trains and saves another model. So the names,
 shapes and dtypes the saver would restore are compared with the checkpoint's
 index (no value is read) before any session exists.
+
+One misfit is a plan, not a refusal: a checkpoint that lacks only the
+optimizer slots of variables it holds (fine-tuning: phase 1 trained a head
+over a frozen base, phase 2 unfroze the base's top) restores every value it
+has, and the new slots start from their initial values (`plan_restore`).
 """
+
+import dataclasses
+import logging
 
 import tensorflow as tf
 
 from towerlib.internals import saver_names
 from towerlib.run.checkpoint_state import CheckpointError
 
-__all__ = ["check_fits_graph", "mismatches"]
+__all__ = ["PartialRestore", "check_fits_graph", "mismatches", "plan_restore"]
+
+logger = logging.getLogger("towerlib")
 
 _SHOWN = 3  # mismatches named in the first line
 
@@ -46,6 +56,11 @@ def mismatches(prefix, saver=None):
     graph' or 'logits/biases: missing from the checkpoint'. Data positions
     and other saveable objects are checked by their tensors' names.
     """
+    return [text for _, text in _mismatches(prefix, saver)]
+
+
+def _mismatches(prefix, saver=None):
+    """[(saver name, text)] of mismatches(): the name, for plan_restore."""
     reader = tf.compat.v1.train.NewCheckpointReader(prefix)
     shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
     found = []
@@ -54,18 +69,56 @@ def mismatches(prefix, saver=None):
         if specs is not None:  # a SaveableObject: its tensors' names
             absent = [spec.name for spec in specs if spec.name not in shapes]
             if absent:
-                found.append(f"{absent[0]}: missing from the checkpoint")
+                found.append((None, f"{absent[0]}: missing from the checkpoint"))
             continue
         if name not in shapes:
-            found.append(f"{name}: missing from the checkpoint")
+            found.append((name, f"{name}: missing from the checkpoint"))
             continue
         shape, dtype = _expected(saved)
         if shape is not None and list(shapes[name]) != shape:
-            found.append(f"{name}: {list(shapes[name])} in the checkpoint, {shape} in the graph")
+            found.append((None, f"{name}: {list(shapes[name])} in the checkpoint, "
+                                f"{shape} in the graph"))
         elif dtype is not None and dtypes[name] != dtype:
-            found.append(f"{name}: {dtypes[name].name} in the checkpoint, "
-                         f"{dtype.name} in the graph")
+            found.append((None, f"{name}: {dtypes[name].name} in the checkpoint, "
+                                f"{dtype.name} in the graph"))
     return found
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialRestore:
+    """Restore `prefix` with `saver` (every value it has) after initializing the rest.
+
+    `new_slots`: the optimizer slots the checkpoint lacks, of variables it holds.
+    """
+
+    prefix: str
+    saver: object
+    new_slots: tuple
+
+
+def plan_restore(prefix, saver=None, trained=()):
+    """None when `prefix` fits the default graph, a PartialRestore when it lacks only the
+    slots of `trained` variables (names) it holds; else CheckpointError (check_fits_graph).
+
+    Call it before the graph is finalized: a PartialRestore holds a Saver of its own.
+    """
+    if prefix is None:
+        return None
+    found = _readable_mismatches(prefix, saver)
+    if not found:
+        return None
+    held = set(tf.compat.v1.train.NewCheckpointReader(prefix).get_variable_to_shape_map())
+    slot_of = {f"{name}/": name for name in trained if name in held}
+    new_slots = [name for name, _ in found if name is not None and any(
+        name.startswith(variable) for variable in slot_of)]
+    if len(new_slots) != len(found):
+        _raise_misfit(prefix, [text for _, text in found])
+    kept = {name: value for name, value in _saved_objects(saver).items()
+            if name not in set(new_slots)}
+    logger.info("Restoring %s without %d optimizer slots it lacks (variables newly trained, "
+                "e.g. unfrozen for fine-tuning: %s); they start from their initial values.",
+                prefix, len(new_slots), ", ".join(new_slots[:_SHOWN]))
+    return PartialRestore(prefix, tf.compat.v1.train.Saver(var_list=kept), tuple(new_slots))
 
 
 def check_fits_graph(prefix, saver=None):
@@ -76,16 +129,23 @@ def check_fits_graph(prefix, saver=None):
     """
     if prefix is None:
         return
+    found = _readable_mismatches(prefix, saver)
+    if found:
+        _raise_misfit(prefix, [text for _, text in found])
+
+
+def _readable_mismatches(prefix, saver):
     try:
-        found = mismatches(prefix, saver)
+        return _mismatches(prefix, saver)
     except (tf.errors.OpError, ValueError, RuntimeError) as error:
         text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise CheckpointError(
             f"Cannot restore {prefix}: it is not a readable checkpoint ({text}). Fix: "
             "restore_from= a checkpoint prefix (e.g. '<dir>/model.ckpt-1000'), "
             "'newest', or None to start afresh.") from None
-    if not found:
-        return
+
+
+def _raise_misfit(prefix, found):
     more = f" (and {len(found) - _SHOWN} more)" if len(found) > _SHOWN else ""
     lines = [f"The checkpoint {prefix} does not fit this graph (another model, layer "
              f"width or optimizer): {'; '.join(found[:_SHOWN])}{more}. Fix: train into "

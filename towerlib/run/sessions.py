@@ -43,11 +43,13 @@ class ChiefSessionCreator(tf.compat.v1.train.SessionCreator):
     the graph first (towerlib.run.checkpoint_fit).
     """
 
-    def __init__(self, scaffold, master, session_config, train_dir, restore_from):
-        self._options = dict(scaffold=scaffold, master=master, config=session_config)
+    def __init__(self, scaffold, master, session_config, train_dir, restore_from,
+                 partial=None):
+        self._options = dict(master=master, config=session_config)
         self._scaffold = scaffold
         self._train_dir = train_dir
         self._restore_from = restore_from
+        self._partial = partial  # a checkpoint_fit.PartialRestore of restore_from, or None
         self._sessions_created = 0
 
     def create_session(self):
@@ -55,11 +57,32 @@ class ChiefSessionCreator(tf.compat.v1.train.SessionCreator):
             logger.warning("The chief's session is being recreated (a ps task "
                            "restarted?): restoring the newest checkpoint in %s.",
                            self._train_dir)
-            self._restore_from = checkpoints.prepare_restore(self._train_dir)
-            checkpoint_fit.check_fits_graph(self._restore_from, self._scaffold.saver)
+            newest = checkpoints.prepare_restore(self._train_dir)
+            if self._partial is None or newest is not None:
+                self._restore_from, self._partial = newest, None
+            if self._partial is None:
+                checkpoint_fit.check_fits_graph(self._restore_from, self._scaffold.saver)
         self._sessions_created += 1
+        if self._partial is not None:
+            return self._partial_restore_session()
         return tf.compat.v1.train.ChiefSessionCreator(
-            checkpoint_filename_with_path=self._restore_from,
+            scaffold=self._scaffold, checkpoint_filename_with_path=self._restore_from,
+            **self._options).create_session()
+
+    def _partial_restore_session(self):
+        """Initialized afresh, then every value the checkpoint has restored (the new
+        slots keep their initial values); the copies' local init runs after."""
+        partial = self._partial
+
+        def restore(scaffold, session):
+            del scaffold
+            partial.saver.restore(session, partial.prefix)
+
+        self._scaffold.finalize()
+        scaffold = tf.compat.v1.train.Scaffold(copy_from_scaffold=self._scaffold,
+                                               init_fn=restore)
+        return tf.compat.v1.train.ChiefSessionCreator(
+            scaffold=scaffold, checkpoint_filename_with_path=None,
             **self._options).create_session()
 
 

@@ -69,10 +69,10 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
 
 
 def _session_creator(scaffold, master, session_config, is_chief, train_dir,
-                     restore_from, signal_hook):
+                     restore_from, signal_hook, partial=None):
     if is_chief:
         creator = sessions.ChiefSessionCreator(scaffold, master, session_config,
-                                               train_dir, restore_from)
+                                               train_dir, restore_from, partial)
     else:
         creator = tf.compat.v1.train.WorkerSessionCreator(
             scaffold=scaffold, master=master, config=session_config)
@@ -238,11 +238,11 @@ def _check_evaluation(evaluation, train_graph):
 
 def _run(loop):
     """run_training once its options are checked and train_dir is held."""
-    restore_from = _restore_point(loop)
+    restore_from, partial = _restore_point(loop)
     run_hooks = loop_hooks.build_hooks(loop)
     creator = _session_creator(loop.scaffold, loop.master, run_hooks.session_config,
                                loop.is_chief, loop.train_dir, restore_from,
-                               run_hooks.signal_hook)
+                               run_hooks.signal_hook, partial)
     run_hooks.all.append(creator.progress_hook)
     if loop.session_creator_wrapper is not None:
         creator = loop.session_creator_wrapper(creator)
@@ -260,16 +260,18 @@ def _run(loop):
 
 
 def _restore_point(loop):
-    """The checkpoint the chief restores (None: start afresh), checked to fit the graph."""
+    """(the checkpoint the chief restores or None, a PartialRestore when it lacks new
+    optimizer slots), checked to fit the graph."""
     if not loop.is_chief:
-        return None
+        return None, None
     restore_from = loop.restore_from
     if restore_from == "newest":
         restore_from = checkpoints.prepare_restore(loop.train_dir)
     elif restore_from is not None:
         logger.info("Restoring %s.", restore_from)
+    trained = [v.op.name for _, v in loop.train_graph.grads_and_vars]
     with loop.graph.as_default():  # before any session: a misfit loops or trains wrong
-        checkpoint_fit.check_fits_graph(restore_from, loop.scaffold.saver)
+        partial = checkpoint_fit.plan_restore(restore_from, loop.scaffold.saver, trained)
         unsaved = restore_from and data_position.unsaved_iterators(
             loop.train_graph.train_op)
     if unsaved:
@@ -279,7 +281,7 @@ def _restore_point(loop):
             "has seen and does not end where an uninterrupted run would. Fix: build "
             "the input with towerlib.saved_position_iterator(dataset).", restore_from,
             ", ".join(unsaved))
-    return restore_from
+    return restore_from, partial
 
 
 def _train(loop, run_hooks, creator):
