@@ -236,3 +236,46 @@ def test_labels_that_miss_an_output_are_named():
             towerlib.build_train_graph(tower, batch,
                                        tf.compat.v1.train.GradientDescentOptimizer(0.1),
                                        num_towers=2)
+
+
+@pytest.mark.parametrize("bn_mode", ["sync", "all_towers"])
+def test_channels_first_moving_statistics_are_keras_own(bn_mode):
+    """axis=1 on [N, C, H, W]: the fused layer's statistics, after one step (all_towers
+    normalizes per shard, so later steps part from one device by definition)."""
+    from tests.keras.test_keras_weights_and_axes import channels_first_model
+    rng = np.random.RandomState(2)
+    x = (rng.randn(7, 3, 4, 4) * 2 + 1).astype(np.float32)
+    y = rng.randint(0, 2, 7).astype(np.int32)
+    steps = 3 if bn_mode == "sync" else 1
+    want = kr.keras_one_device(channels_first_model, x, y, loss=CROSS_ENTROPY, steps=steps)
+    got, _ = kr.towerlib_steps(towerlib.KerasTower(channels_first_model, CROSS_ENTROPY), x, y,
+                               num_towers=2, bn_mode=bn_mode, steps=steps)
+    if bn_mode == "sync":
+        kr.assert_weights_close(got, want, atol=1e-5)
+    names = [name for name, _ in want]
+    index = names.index("bn/moving_variance:0")
+    np.testing.assert_allclose(got[index], want[index][1], atol=1e-5)
+
+
+@pytest.mark.parametrize("update", sorted(UPDATES))
+def test_accumulated_micro_batches_pool_to_keras_own_statistics(update):
+    """k = 2 under all_towers: the moving statistics pool every micro-batch of every tower,
+    so the first step's are tf_keras' on the whole global batch (Bessel with its count)."""
+    images, labels = km.batch(12)
+    want = kr.keras_one_device(conv_model, images, labels, loss=CROSS_ENTROPY, steps=1)
+    with tf.Graph().as_default():
+        tower = towerlib.KerasTower(conv_model, CROSS_ENTROPY)
+        train = towerlib.build_train_graph(
+            tower, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.MomentumOptimizer(kr.LEARNING_RATE, kr.MOMENTUM),
+            num_towers=2, bn_mode="all_towers", update=UPDATES[update](),
+            accumulation_steps=2)
+        weights = tower.model().weights
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            train.initialize(session)
+            session.run(train.train_op)
+            got = session.run(weights)
+    names = [name for name, _ in want]
+    for name in ("bn/moving_mean:0", "bn/moving_variance:0"):
+        index = names.index(name)
+        np.testing.assert_allclose(got[index], want[index][1], atol=1e-6, err_msg=name)

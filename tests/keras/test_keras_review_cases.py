@@ -101,11 +101,6 @@ def test_a_model_called_twice_in_a_tower_counts_its_weights_once():
     assert first[1] == pytest.approx(expected_first()[1], rel=1e-6)
 
 
-def test_half_precision_is_refused_in_one_line():
-    with pytest.raises(towerlib.KerasTowerError, match="precision=towerlib.Float32"):
-        run(lambda: towerlib.KerasTower(dense_model, mean_square), 2, precision="bfloat16")
-
-
 def test_a_keras_mixed_precision_policy_is_refused_in_one_line():
     tf_keras.mixed_precision.set_global_policy("mixed_float16")
     try:

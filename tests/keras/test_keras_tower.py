@@ -153,7 +153,8 @@ def test_accumulated_keras_steps_equal_towerlibs_batch_norm(update):
         graphs = []
         for make in (keras_tower, km.towerlib_tower):
             graphs.append(_accumulated(make, images, labels, UPDATES[update](), bn_mode))
-        assert_close(graphs[0], graphs[1], what=f"k=2 {bn_mode} {update}")
+        assert_close(without_moving_variance(graphs[0]), without_moving_variance(graphs[1]),
+                     what=f"k=2 {bn_mode} {update}")
 
 
 def _accumulated(make, images, labels, update, bn_mode):

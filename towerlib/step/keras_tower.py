@@ -55,8 +55,11 @@ import tensorflow as tf
 from towerlib.batchnorm import keras_layers
 from towerlib.internals import error_texts, function_graphs, tf_keras
 from towerlib.precision import casting
+from towerlib.step import keras_export
+from towerlib.step import keras_weights
 from towerlib.step import loss_terms
 from towerlib.step.keras_objective import KerasObjective
+from towerlib.step.keras_weights import KerasTowerError
 from towerlib.step.towers import TowerModel
 
 __all__ = ["KerasTower"]
@@ -98,6 +101,14 @@ class KerasTower(TowerModel):
             with graph.as_default():
                 models[0] = self._main_model(graph, getter=None, policy=None)
         return models[0]
+
+    def export_saved_model(self, checkpoint, export_dir):
+        """The model with `checkpoint`'s weights as a SavedModel (towerlib.step.keras_export)."""
+        return keras_export.export_saved_model(self, checkpoint, export_dir)
+
+    def save_weights(self, checkpoint, path):
+        """`checkpoint`'s weights as Keras' own weights file, for `load_weights`."""
+        return keras_export.save_weights(self, checkpoint, path)
 
     def build(self, inputs, ctx):
         """{'loss': the mean loss over the tower's examples, and the metrics}."""
@@ -145,16 +156,16 @@ class KerasTower(TowerModel):
         if model is None:  # replicated: tower ctx.index's own copy, made here
             main = self._models[function_graphs.root_graph(graph)][0]
             model = self._construct(self._copy, getter, originals, policy)
-            _same_trainable_flags(main, model)
+            keras_weights.same_trainable_flags(main, model)
             self._models[function_graphs.root_graph(graph)][ctx.index] = model
         if ctx.is_training:
             _check_policy(model, ctx.compute_dtype)
         ops_before = len(graph.get_operations())
-        with _variables_through(getter, originals, ctx.name_scope), \
+        with keras_weights.variables_through(getter, originals, ctx.name_scope), \
                 keras_layers.keras_batch_norm_in(ctx):
             outputs = model(features, training=ctx.is_training)
         if ctx.index == 0:
-            _leave_frozen_weights_untrained(model, graph)
+            keras_weights.leave_frozen_weights_untrained(model, graph)
         _register_losses(model, ctx, graph.get_operations()[ops_before:])
         _register_updates(model, ctx)
         return outputs
@@ -167,12 +178,12 @@ class KerasTower(TowerModel):
             models[0] = self._main_model(graph, getter, policy)
         main = models[0]
         if ctx.index == 0:
-            _register_existing(main, getter)
+            keras_weights.register_existing(main, getter)
             return main, {}
-        originals = {v.op.name: v for v in _stored(main.weights)}
+        originals = {v.op.name: v for v in keras_weights.stored(main.weights)}
         if ctx.index in models:
             return models[ctx.index], originals
-        if not _tower_has_copies(main, getter):
+        if not keras_weights.tower_has_copies(main, getter):
             models[ctx.index] = main
             return main, originals
         if not (_is_clonable(main) or self._builder()):
@@ -212,7 +223,7 @@ class KerasTower(TowerModel):
                 tf_keras.routed_batch_norm_calls(None), \
                 tf_keras.global_policy(policy) if policy else contextlib.nullcontext(), \
                 casting.weights_read_as_stored(), \
-                _variables_through(getter, originals, scope):
+                keras_weights.variables_through(getter, originals, scope):
             return make()
 
     def _copy(self):
@@ -226,10 +237,6 @@ class KerasTower(TowerModel):
 
 # A name inside a tower's name scope ('tower_1/...', 'outer/tower_1/...').
 _IN_A_TOWER = re.compile(r"(^|/)tower_\d+/")
-
-
-class KerasTowerError(TypeError):
-    """A Keras model in a setting KerasTower cannot train it in."""
 
 
 _MIXED = {tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}
@@ -270,38 +277,6 @@ def _check_policy(model, compute_dtype):
 _PRECISION = {"float32": "Float32", "bfloat16": "BFloat16", "float16": "Float16"}
 
 
-def _leave_frozen_weights_untrained(model, graph):
-    """Keras' frozen weights out of TRAINABLE_VARIABLES, so no step trains them.
-
-    tf_keras leaves a `trainable = False` layer's variables in the collection
-    (only `model.trainable_weights` drops them), and the collection is
-    towerlib's default var_list. Every graph from this one to the root.
-    """
-    trainable = {w.op.name for w in model.trainable_weights}
-    frozen = {w.op.name for w in model.weights} - trainable
-    key = tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES
-    while graph is not None and frozen:
-        kept = graph.get_collection_ref(key)
-        kept[:] = [v for v in kept if getattr(v, "op", None) is None
-                   or v.op.name not in frozen]
-        graph = getattr(graph, "outer_graph", None)
-
-
-def _same_trainable_flags(main, copy):
-    """A replicated tower's clone freezes what the model freezes (layer by layer name)."""
-    flags = {path: layer.trainable for path, layer in _layers_by_path(main)}
-    for path, layer in _layers_by_path(copy):
-        if path in flags and layer.trainable != flags[path]:
-            layer.trainable = flags[path]
-
-
-def _layers_by_path(model, prefix=""):
-    for layer in getattr(model, "layers", []):
-        path = f"{prefix}{layer.name}"
-        yield path, layer
-        yield from _layers_by_path(layer, path + "/")
-
-
 def _check_model(model):
     kind = tf_keras.keras3_kind(model)
     if kind is not None:
@@ -340,102 +315,6 @@ def _features_and_labels(inputs):
         "KerasTower takes inputs (features, labels) (or a dict with exactly 'features' "
         f"and 'labels'); got {type(inputs).__name__}. Fix: pass the global batch as "
         "(images, labels).")
-
-
-class _CopyAsked(Exception):
-    pass
-
-
-def _tower_has_copies(main, getter):
-    """Whether this tower's variable scope gives it its own copies (replicated)."""
-    if getter is None or not main.weights:
-        return False
-    weight = _stored(main.weights[:1])[0]
-
-    def base(name, *args, **kwargs):
-        if name == weight.op.name:
-            return weight
-        raise _CopyAsked(name)  # the getter would make a copy: nothing is made
-
-    try:
-        return getter(base, weight.op.name) is not weight
-    except _CopyAsked:
-        return True
-
-
-def _stored(weights):
-    """The graph's variables behind `weights` (a mixed-precision policy hands out
-    AutoCastVariable wrappers; the getters and copies know the variables)."""
-    graph_variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-    return [graph_variables.get(w.op.name, w) for w in weights]
-
-
-def _register_existing(model, getter):
-    """Hands tower 0's existing weights to the scope's getter (replicated copies index them)."""
-    if getter is None:
-        return
-    for weight in _stored(model.weights):
-        _a_variable(getter(lambda *a, _weight=weight, **k: _weight, weight.op.name),
-                    weight.op.name)
-
-
-def _a_variable(value, name):
-    """The scope's getter must hand Keras a variable (a custom getter of yours may not)."""
-    if not isinstance(value, tf.Variable):
-        raise KerasTowerError(
-            f"KerasTower: the tower's variable scope gives {name!r} as a "
-            f"{type(value).__name__}, not a variable (a custom getter that casts or "
-            "computes); Keras layers need variables. Fix: a custom getter that returns "
-            "the variable; for half precision, the build's precision= (Keras' policy "
-            "then casts the weights).")
-    return value
-
-
-@contextlib.contextmanager
-def _variables_through(getter, originals, tower_scope):
-    """Keras' new variables made by get_variable under their Keras names, through `getter`.
-
-    `originals` maps a plain name to a variable that exists already (tower
-    0's, when a clone is built for tower i); the scope's getter then
-    returns tower i's copy of it.
-    """
-    graph = tf.compat.v1.get_default_graph()
-    creating = []  # non-empty while get_variable below creates through the creator
-    variable_scope = tf.compat.v1.get_variable_scope()
-
-    def create(name, *args, **kwargs):
-        if name in originals:
-            return originals[name]
-        creating.append(name)
-        try:
-            root = tf.compat.v1.VariableScope(reuse=kwargs.pop("reuse", None), name="")
-            with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False):
-                return tf.compat.v1.get_variable(name, *args, **kwargs)
-        finally:
-            creating.pop()
-
-    def creator(next_creator, **kwargs):
-        if creating:
-            return next_creator(**kwargs)
-        scope = graph.get_name_scope()
-        if tower_scope and (scope + "/").startswith(tower_scope):
-            scope = scope[len(tower_scope):]
-        parts = [variable_scope.name, scope, kwargs["name"]]
-        name = "/".join(p.strip("/") for p in parts if p and p.strip("/"))
-        initial = kwargs["initial_value"]
-        init = initial if callable(initial) else (lambda: initial)
-        options = dict(shape=kwargs.get("shape"), dtype=kwargs.get("dtype"),
-                       initializer=lambda *a, **k: init(),
-                       trainable=kwargs.get("trainable"),
-                       constraint=kwargs.get("constraint"), use_resource=True)
-        if kwargs.get("trainable") is None:
-            options.pop("trainable")
-        if getter is None:
-            return create(name, **options)
-        return _a_variable(getter(create, name, **options), name)
-
-    with tf.variable_creator_scope(creator):
-        yield
 
 
 def _register_losses(model, ctx, call_ops):
