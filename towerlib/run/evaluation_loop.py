@@ -203,17 +203,25 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
 
     def _evaluate(self, session):
         evaluation = self._evaluation
-        session.run(evaluation.eval_graph.reset_op)
-        if evaluation.initializer is not None:
-            session.run(evaluation.initializer)
-            while True:
-                try:
-                    session.run(evaluation.eval_graph.update_op)
-                except tf.errors.OutOfRangeError:
-                    break
-        else:
+        eval_graph = evaluation.eval_graph
+        session.run(eval_graph.reset_op)
+        if evaluation.initializer is None:
             for _ in range(evaluation.num_batches):
-                session.run(evaluation.eval_graph.update_op)
+                session.run(eval_graph.update_op)
+            return session.run(self._values)
+        session.run(evaluation.initializer)
+        while True:
+            try:
+                if eval_graph.inputs:
+                    # The batch first, alone: the input's end then stops a run on the
+                    # input's device, not one the towers' devices wait in (TensorFlow
+                    # logs every receive such a run abandons).
+                    batch = session.run(eval_graph.inputs)
+                    session.run(eval_graph.update_op, dict(zip(eval_graph.inputs, batch)))
+                else:
+                    session.run(eval_graph.update_op)
+            except tf.errors.OutOfRangeError:
+                break
         return session.run(self._values)
 
     def _record(self, session, step, values):

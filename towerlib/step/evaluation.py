@@ -22,7 +22,7 @@ The variables are the training graph's when built next to it
 """
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import tensorflow as tf
 
@@ -44,6 +44,12 @@ class EvalGraph:
       examples: int64 scalar, the examples seen.
       values: {metric: total / examples}, float64.
       devices: the tower device strings.
+      inputs: the global batch's tensors, flattened, when `inputs` was a
+        nest of feedable tensors; () for an input_fn. Fetch them in one run
+        and feed them to update_op in the next, and the end of the input
+        ends a one-device run: nothing is cancelled across the towers'
+        devices (towerlib.Evaluation does; TensorFlow logs each item a
+        multi-device run abandons, several per evaluation).
     """
 
     update_op: tf.Operation
@@ -52,6 +58,7 @@ class EvalGraph:
     examples: tf.Tensor
     values: Dict[str, tf.Tensor]
     devices: List[str]
+    inputs: Tuple[tf.Tensor, ...] = ()
 
 
 def _per_example(outputs, tower_index, batch_size):
@@ -96,6 +103,17 @@ def _returning_a_dict(metric_fn):
                 "{'correct': tf.cast(tf.equal(predictions, labels), tf.int32)}.")
         return result
     return checked
+
+
+def _feedable_inputs(inputs):
+    """The global batch's tensors, flattened, if every one can be fed; else ()."""
+    if callable(inputs):
+        return ()
+    flat = tf.nest.flatten(inputs)
+    if not flat or not all(isinstance(t, tf.Tensor) and t.graph.is_feedable(t)
+                           and t.dtype not in (tf.resource, tf.variant) for t in flat):
+        return ()
+    return tuple(flat)
 
 
 def _total_dtype(dtype):
@@ -155,4 +173,5 @@ def build_eval_graph(metric_fn, inputs, *, num_towers=None, devices=None,
                   for name, total in totals.items()}
     return EvalGraph(update_op=update_op, reset_op=reset_op,
                      totals={k: v.read_value() for k, v in totals.items()},
-                     examples=examples.read_value(), values=values, devices=used_devices)
+                     examples=examples.read_value(), values=values, devices=used_devices,
+                    inputs=_feedable_inputs(inputs))
