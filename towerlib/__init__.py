@@ -59,6 +59,7 @@ from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
 from towerlib.run.data_position import DataPositionError, saved_position_iterator
 from towerlib.run.determinism import seed_everything
 from towerlib.run.evaluation_loop import Evaluation
+from towerlib.run.moving_statistics import check_moving_statistics
 from towerlib.precision.guards import NonFiniteError, guard_numerics
 from towerlib.run.hooks import StepLogger
 from towerlib.run.trainer import TrainingResult, run_training
@@ -88,7 +89,8 @@ __all__ = [
     "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
     "KerasBatchNormError", "KerasTowerError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
-    "check_record_files", "find_restorable_checkpoint", "guard_numerics",
+    "check_moving_statistics", "check_record_files", "find_restorable_checkpoint",
+    "guard_numerics",
     # The input pipeline's position in checkpoints.
     "DataPositionError", "saved_position_iterator",
     "seed_everything", "validate_config",

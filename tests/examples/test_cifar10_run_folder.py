@@ -118,7 +118,11 @@ def test_a_torn_newest_index_is_skipped_by_train_eval_and_export(run_copy, data_
     assert tf.train.latest_checkpoint(run_copy).endswith("model.ckpt-8")  # still named
     assert run_folder.checkpoint_step(run_copy) == 4
     assert eval_lib.evaluate_latest(run_copy, num_towers=1).global_step == 4
+    caplog.set_level("INFO", logger="towerlib")
     assert export_lib.export(run_copy).endswith(os.sep + "4")
+    # 0.9^4 = 0.66 of batch norm's moving statistics are still their initial values.
+    assert any(m.startswith("The export of step 4 uses batch-norm moving statistics that "
+                            "are still 66% their initial values") for m in caplog.messages)
     caplog.set_level("INFO", logger="cifar10")
     result = job.train(tiny_config(run_copy, data_sets[0]))
     assert (result.start_step, result.global_step) == (4, 8)

@@ -19,6 +19,11 @@ that every checkpoint saves, so a restarted run keeps its patience count, and a
 run that had stopped early stops again at once. Across all-reduce workers every
 worker evaluates and the metric is averaged over them by one all-reduce before
 the decision (`agree`), so every worker stops at the same step.
+
+An evaluation taken while batch norm's moving statistics are still mostly
+their initial values (momentum ** step > 0.5) logs one warning line naming
+the share, the layers and the fix (towerlib.run.moving_statistics), and early
+stopping does not count it against its patience unless it improves the best.
 """
 
 import copy
@@ -30,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerlib.run import checkpoints
+from towerlib.run import moving_statistics
 
 logger = logging.getLogger("towerlib")
 
@@ -151,11 +157,16 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
       train_dir: the folder of train_dir/best (None: keep no best).
       scaffold: the run's Scaffold, whose Saver writes the best checkpoint.
       summary_writer: where 'eval/<name>' goes (None: nowhere).
+      batch_norm_momenta: {layer: momentum} of the step's batch norm
+        (towerlib.run.moving_statistics.layer_momenta): an evaluation taken
+        while they are mostly their initial values is said so, and early
+        stopping does not count it.
     """
 
     def __init__(self, evaluation, step_after_update, train_dir=None, scaffold=None,
-                 summary_writer=None):
+                 summary_writer=None, batch_norm_momenta=None):
         self._evaluation = evaluation
+        self._momenta = dict(batch_norm_momenta or {})
         self._step_after = step_after_update
         self._train_dir = train_dir
         self._scaffold = scaffold
@@ -227,6 +238,8 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
     def _record(self, session, step, values):
         decided = float(values.pop("_decided"))
         self.last_values = values
+        fresh = moving_statistics.fresh_statistics_line(
+            self._momenta, step, f"evaluation at step {step}")
         state = self._evaluation.state
         best, best_step, since = session.run(
             [state.best, state.best_step, state.since_best])
@@ -236,15 +249,25 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
             best_step < 0 or self._evaluation.improved(decided, best))
         if improved:
             best, best_step, since = decided, step, 0
-        else:
+        elif fresh is None:  # one read on initial statistics is no sign of a plateau
             since += 1
         session.run(state.assign, {state.value: best, state.step: best_step,
                                    state.since: since})
         if improved:  # after the state: the best checkpoint holds it as of this step
             self._save_best(session, step)
+        if fresh is not None:
+            logger.warning("%s%s", fresh, " Early stopping does not count this evaluation."
+                           if self._evaluation.patience and not improved else "")
+        self._log(step, values, decided, best, best_step)
+        self._summarize(step, values)
+
+    def _log(self, step, values, decided, best, best_step):
+        """The evaluation's line."""
         logger.info("step %d: evaluation %s (best %s %.6g at step %d)", step,
                     ", ".join(f"{name} {float(v):.6g}" for name, v in sorted(values.items())),
                     self._evaluation.metric, best, best_step)
+
+    def _summarize(self, step, values):
         if self._summary_writer is not None:
             summary = tf.compat.v1.Summary(value=[
                 tf.compat.v1.Summary.Value(tag=f"eval/{name}", simple_value=float(v))

@@ -14,6 +14,7 @@ from towerlib import trace
 from towerlib.exchange import safety as exchange_safety
 from towerlib.run import evaluation_loop
 from towerlib.run import hooks as hooks_lib
+from towerlib.run import moving_statistics
 from towerlib.run import stopping
 
 
@@ -94,7 +95,8 @@ def build_hooks(loop):
     if loop.evaluation is not None:  # before the checkpoint: its state is saved with it
         evaluation_hook = evaluation_loop.EvaluationHook(
             loop.evaluation, step_after, loop.train_dir if loop.is_chief else None,
-            loop.scaffold, summary_writer)
+            loop.scaffold, summary_writer,
+            batch_norm_momenta=moving_statistics.layer_momenta(train_graph))
         all_hooks.append(evaluation_hook)
     if loop.trace_steps and loop.is_chief:
         all_hooks.append(trace.TraceHook(loop.trace_steps, loop.train_dir,
