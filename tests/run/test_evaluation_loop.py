@@ -6,6 +6,7 @@ improves until w passes 0.5 (between steps 6 and 7) and then worsens. Evaluated
 every 2 steps, the best is at step 6; with patience 2 the run stops at step 10.
 """
 
+import logging
 import os
 
 import numpy as np
@@ -52,7 +53,7 @@ class Scores(tf.compat.v1.train.SessionRunHook):
         self.steps += 1
 
 
-def train(train_dir, max_steps, patience=PATIENCE, metric_fn=score, **options):
+def train(train_dir, max_steps, patience=PATIENCE, metric_fn=score, agree=None, **options):
     with tf.Graph().as_default():
         tf.compat.v1.train.get_or_create_global_step()
         train_graph = towerlib.build_train_graph(
@@ -65,6 +66,8 @@ def train(train_dir, max_steps, patience=PATIENCE, metric_fn=score, **options):
                                       reuse_variables=True),
             every_n_steps=EVERY, metric="score", initializer=batches.initializer,
             patience=patience, **options)
+        if agree is not None:
+            evaluation = evaluation.with_agreement(agree)
         counter = Scores()
         result = towerlib.run_training(
             train_graph, train_dir=str(train_dir), max_steps=max_steps, hooks=[counter],
@@ -164,3 +167,40 @@ def test_a_non_finite_metric_is_no_improvement_and_is_never_saved(tmp_path):
     reader = tf.train.load_checkpoint(result.checkpoint)
     assert reader.get_tensor("towerlib_evaluation/best_step") == -1
     assert not (tmp_path / "best").exists()
+
+
+def test_higher_is_better_takes_a_bool_only():
+    """The string "False" is truthy: taken as True it would keep the worst loss."""
+    with tf.Graph().as_default():
+        batches = tf.compat.v1.data.make_initializable_iterator(
+            tf.data.Dataset.from_tensor_slices(np.ones([4, 1], np.float32)).batch(4))
+        towerlib.build_train_graph(tower, tf.ones([4, 1]),
+                                   tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                   num_towers=2)
+        eval_graph = towerlib.build_eval_graph(score, batches.get_next(), num_towers=2,
+                                               reuse_variables=True)
+        with pytest.raises(TypeError, match="higher_is_better='False': give True"):
+            towerlib.Evaluation(eval_graph, 2, "score", higher_is_better="False",
+                                initializer=batches.initializer)
+        assert not towerlib.Evaluation(eval_graph, 2, "score", higher_is_better=np.False_,
+                                       initializer=batches.initializer).higher_is_better
+
+
+def test_every_n_steps_past_max_steps_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="every_n_steps=2 is more than max_steps=1, so no "
+                                         "evaluation would ever run"):
+        train(tmp_path, 1)
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_the_line_gives_the_value_the_decision_used(tmp_path, caplog):
+    """Across workers each worker's own values are logged with the agreed one that
+    decides (here an agreement that halves the metric, as a mean with a worker at 0)."""
+    caplog.set_level(logging.INFO, logger="towerlib")
+    scores, _, _ = expected_run(2)
+    train(tmp_path, 2, agree=lambda metric: metric / 2.0)
+    line = next(r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("step 2: evaluation"))
+    assert line.startswith(f"step 2: evaluation (this worker) score {scores[2]:.6g}")
+    assert f"; over every worker score {scores[2] / 2:.6g}, which decides" in line
+    assert f"(best score {scores[2] / 2:.6g} at step 2)" in line

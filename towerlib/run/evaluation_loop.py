@@ -52,7 +52,8 @@ class Evaluation:
       eval_graph: an EvalGraph from build_eval_graph(..., reuse_variables=True).
       every_n_steps: evaluate when the global step is a multiple of this.
       metric: the name in eval_graph.values that decides "best".
-      higher_is_better: True for a precision, False for a loss.
+      higher_is_better: True for a precision, False for a loss (a bool: the
+        string "False" is refused, not taken as True).
       initializer: an op run before each evaluation (the evaluation
         iterator's initializer); the evaluation runs update_op until the
         input ends. None: give num_batches (a repeating input).
@@ -68,6 +69,10 @@ class Evaluation:
                  min_delta=0.0):
         _check_options(eval_graph, every_n_steps, metric, initializer, num_batches,
                        patience, min_delta)
+        if not isinstance(higher_is_better, (bool, np.bool_)):
+            raise TypeError(f"Evaluation: higher_is_better={higher_is_better!r}: give True "
+                            "(a precision) or False (a loss), not a "
+                            f"{type(higher_is_better).__name__}.")
         self.eval_graph = eval_graph
         self.every_n_steps = int(every_n_steps)
         self.metric = metric
@@ -262,10 +267,15 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         self._summarize(step, values)
 
     def _log(self, step, values, decided, best, best_step):
-        """The evaluation's line."""
-        logger.info("step %d: evaluation %s (best %s %.6g at step %d)", step,
+        """The evaluation's line; across workers also the value the decision used."""
+        own, agreed = "", ""
+        if self._evaluation.agree is not None:
+            own = " (this worker)"
+            agreed = (f"; over every worker {self._evaluation.metric} {decided:.6g}, "
+                      "which decides")
+        logger.info("step %d: evaluation%s %s%s (best %s %.6g at step %d)", step, own,
                     ", ".join(f"{name} {float(v):.6g}" for name, v in sorted(values.items())),
-                    self._evaluation.metric, best, best_step)
+                    agreed, self._evaluation.metric, best, best_step)
 
     def _summarize(self, step, values):
         if self._summary_writer is not None:

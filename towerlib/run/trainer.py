@@ -170,7 +170,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
         is_chief=is_chief, session_config=session_config,
         devices=train_graph.devices)
-    _check_evaluation(evaluation, train_graph)
+    _check_evaluation(evaluation, train_graph, max_steps)
     if session_config is None and any("CPU" in d.upper() for d in train_graph.devices):
         # Towers on '/device:CPU:i' need that many (virtual) CPU devices.
         session_config = devices_lib.session_config(len(train_graph.devices))
@@ -223,7 +223,7 @@ class _Loop:
     evaluation: object
 
 
-def _check_evaluation(evaluation, train_graph):
+def _check_evaluation(evaluation, train_graph, max_steps):
     if evaluation is None:
         return
     if not isinstance(evaluation, evaluation_loop.Evaluation):
@@ -234,6 +234,11 @@ def _check_evaluation(evaluation, train_graph):
             "evaluation was built in another graph than the training step. Fix: build "
             "build_eval_graph(..., reuse_variables=True) and the Evaluation in the "
             "training graph, after build_train_graph.")
+    if 0 < max_steps < evaluation.every_n_steps:  # max_steps 0 trains nothing at all
+        raise ValueError(
+            f"evaluation: every_n_steps={evaluation.every_n_steps} is more than "
+            f"max_steps={max_steps}, so no evaluation would ever run. Fix: every_n_steps "
+            f"<= {max_steps} (e.g. {max(1, max_steps // 4)}), or no evaluation=.")
 
 
 def _run(loop):
