@@ -235,6 +235,12 @@ def run_task(cluster):
         return
     result = train_one_machine() if cluster is None else train_replica(cluster)
     step, loss = result
+    if getattr(result, "nothing_to_train", False):
+        print(f"finished: nothing to train, --train_dir={FLAGS.train_dir} is already at "
+              f"global step {step}, and --max_steps={FLAGS.max_steps} is the step to stop "
+              "at. Fix: a higher --max_steps to continue that run, or another "
+              "--train_dir to start afresh.", flush=True)
+        return result
     print(f"finished: global_step={step} loss="
           f"{'none' if loss is None else format(loss, '.6f')}", flush=True)
     return result   # a stop signal in it is the exit status

@@ -1,7 +1,9 @@
 """The README's example runs as printed."""
 
+import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -51,3 +53,36 @@ def test_readme_names_no_removed_keyword():
         # Float16(loss_scale=...) is the object's own argument, not the old keyword, and
         # --variable_update= a script's command-line flag.
         assert not re.search(r"(?<![(\w-])" + keyword, readme), keyword
+
+
+def _launcher_command(train_dir):
+    """The README's launcher command, with this interpreter and `train_dir`."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("Several machines"):]
+    words = shlex.split(re.search(r"```bash\n(.*?)\n```", section, re.S).group(1))
+    assert words[0] == "towerlib-launch" and "python" in words
+    assert any(w.startswith("--train_dir=") for w in words), "name the run's folder"
+    words = [sys.executable, "-m", "towerlib.launch"] + words[1:]
+    words[words.index("python")] = sys.executable
+    return [f"--train_dir={train_dir}" if w.startswith("--train_dir=") else w
+            for w in words]
+
+
+@pytest.mark.slow  # two launched jobs of two workers each
+def test_the_readme_launcher_command_runs_and_a_second_run_says_it_is_done(tmp_path):
+    environ = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT),
+                   TF_CPP_MIN_LOG_LEVEL="2")
+    environ.pop("TF_CONFIG", None)
+    command = _launcher_command(tmp_path / "run")
+    outputs = []
+    for _ in range(2):
+        result = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        outputs.append(result.stdout + result.stderr)
+    for worker in (0, 1):
+        assert f"[worker {worker}] finished: global_step=20 loss=" in outputs[0]
+        assert (f"[worker {worker}] finished: nothing to train, --train_dir="
+                f"{tmp_path / 'run'} is already at global step 20") in outputs[1]
+    assert "Fix: a higher --max_steps to continue that run, or another --train_dir" in (
+        outputs[1])

@@ -39,6 +39,7 @@ def test_a_run_at_or_past_max_steps_does_not_step_again(tmp_path, caplog):
     assert result.global_step == 3 and result.loss is None
     assert max(_checkpoint_steps(tmp_path)) == 3
     assert "global step 3 is already at or past max_steps=1" in caplog.text
+    assert result.nothing_to_train
     assert _train(tmp_path, 3).global_step == 3
     assert _train(tmp_path, 4).global_step == 4
 
@@ -63,3 +64,14 @@ def test_run_training_outside_the_graphs_context(tmp_path):
     result = towerlib.run_training(train, train_dir=str(tmp_path), max_steps=2,
                                    session_config=tiny_model.session_config(2))
     assert result.global_step == 2
+
+
+def test_a_run_finding_its_work_done_says_so_with_the_folder_and_the_fix(tmp_path, caplog):
+    first = _train(tmp_path, 2)
+    assert (first.global_step, first.nothing_to_train) == (2, False)
+    with caplog.at_level(logging.INFO, logger="towerlib"):
+        again = _train(tmp_path, 2)
+    assert (again.global_step, again.loss, again.nothing_to_train) == (2, None, True)
+    line = next(m for m in caplog.messages if m.startswith("Nothing to train"))
+    assert f"already at or past max_steps=2 in {tmp_path} " in line
+    assert "Fix: a higher max_steps to continue this run, or another train_dir" in line

@@ -60,9 +60,13 @@ class TrainingResult(collections.namedtuple("TrainingResult", ["global_step", "l
       checkpoint: the prefix of the newest checkpoint written, or None.
       stopped_early_at: the global step early stopping ended the run at, or None.
       evaluation: the last evaluation's {metric: value} in this run, or None.
+      nothing_to_train: True when the run found its work done: the step it
+        restored was already at or past max_steps, so no step ran (a
+        summary should say so: the same command again trains nothing).
     """
 
     stop_signal = None
+    nothing_to_train = False
     checkpoint = None
     stopped_early_at = None
     evaluation = None
@@ -300,8 +304,10 @@ def _train(loop, run_hooks, creator):
             lambda step_context: step_context.session.run(train_graph.global_step)))
         if start_step >= loop.max_steps:
             logger.info("Nothing to train: global step %d is already at or past "
-                        "max_steps=%d (max_steps is the step to stop at).",
-                        start_step, loop.max_steps)
+                        "max_steps=%d in %s (max_steps is the step to stop at, not a "
+                        "count of steps). Fix: a higher max_steps to continue this run, "
+                        "or another train_dir to start afresh.",
+                        start_step, loop.max_steps, loop.train_dir)
         while start_step < loop.max_steps and not session.should_stop():
             _one_step(session, train_graph, run_hooks)
     return start_step
@@ -342,6 +348,7 @@ def _result(loop, run_hooks, start_step):
         step_logger.last_loss)
     result.checkpoint = run_hooks.last_checkpoint()
     result.stopped_early_at = stopped_early_at
+    result.nothing_to_train = step_logger.last_step is None and start_step >= loop.max_steps
     if run_hooks.evaluation_hook is not None:
         result.evaluation = run_hooks.evaluation_hook.last_values
     if run_hooks.stop_signal() is not None:
