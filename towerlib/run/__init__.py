@@ -8,6 +8,7 @@ The package, one job per module:
   loop_hooks.py        the hooks of one run, in order, and the step facts they read
   hooks.py             the SessionRunHooks around a step (logging, checks, saving)
   evaluation_loop.py   Evaluation: evaluate every N steps, keep the best, stop early
+  moving_statistics.py batch norm's moving statistics still mostly initial, said
   checkpoints.py       crash-safe checkpoints, restored from the newest complete one
   checkpoint_state.py  what a checkpoint is on disk: files, completeness, state file
   checkpoint_fit.py    a checkpoint of other shapes or dtypes refused before a session
