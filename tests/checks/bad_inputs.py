@@ -694,6 +694,34 @@ case("a metric with twice the examples", "`build_eval_graph`", "'doubled'")(
         _batch(6), devices=_cpus(2)))
 
 
+
+def _evaluation(**options):
+    """An Evaluation of _tower's logits next to the training graph (built first)."""
+    batches = tf.compat.v1.data.make_initializable_iterator(
+        tf.data.Dataset.from_tensor_slices(_batch(6)).batch(3))
+
+    def correct(inputs, ctx):
+        logits = layers.dense(inputs[0], 3, name="logits")
+        return {"correct": tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32),
+                                            inputs[1]), tf.int32)}
+
+    arguments = dict(every_n_steps=2, metric="correct", initializer=batches.initializer)
+    arguments.update(options)
+    return towerlib.Evaluation(towerlib.build_eval_graph(
+        correct, batches.get_next(), devices=_cpus(2), reuse_variables=True), **arguments)
+
+
+case("`higher_is_better='False'` (a string)", "`Evaluation`", "higher_is_better='False'",
+     "True")(lambda tmp: (_build(), _evaluation(higher_is_better="False")))
+
+
+@case("`every_n_steps=500` with `max_steps=100`: no evaluation would run", RUN,
+      "every_n_steps=500", "max_steps=100")
+def _evaluation_never_reached(tmp):
+    train = _build()
+    _train(tmp, train, max_steps=100, evaluation=_evaluation(every_n_steps=500))
+
+
 # --- several machines -------------------------------------------------------------
 
 _PS, _WORKERS = "127.0.0.1:2222", "127.0.0.1:2223,127.0.0.1:2224"
