@@ -124,12 +124,12 @@ def export(
             "No checkpoint in --train_dir=%r to export. Fix: train first." % train_dir
         )
     global_step = int(tf.train.load_variable(checkpoint, "global_step"))
-    # One warning line when batch norm's moving statistics are still mostly initial.
-    towerlib.check_moving_statistics(checkpoint, run_config.bn_momentum)
     check_export_dir(export_dir or os.path.join(train_dir, "export"), bool(export_dir))
     export_dir = export_dir or os.path.join(train_dir, "export")
     destination = os.path.join(export_dir, str(global_step))
     check_replaceable(destination, overwrite)
+    # One warning line when batch norm's moving statistics are still mostly initial.
+    towerlib.check_moving_statistics(checkpoint, run_config.bn_momentum)
     os.makedirs(export_dir, exist_ok=True)
     staging_parent = tempfile.mkdtemp(dir=export_dir, prefix=".exporting-")
     staging = os.path.join(staging_parent, "saved_model")  # Builder wants a new folder
