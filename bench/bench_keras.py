@@ -8,7 +8,9 @@ and examples/cifar10/keras_resnet.py (the same network in tf_keras layers,
 through towerlib.KerasTower) are built side by side, each in its own graph and
 Session, warmed up, then timed in interleaved repetitions (bench.stepped).
 Target (bench/targets.py KERAS_MODEL): keras / towerlib.layers <= 1.05 at 4
-towers. Data are random constants: only the time matters.
+towers. A model named 'name@bfloat16' is built with precision=bfloat16 (for
+a Keras model: its mixed_bfloat16 policy) and also compared with 'name' in
+float32. Data are random constants: only the time matters.
 
 Not a test: numbers depend on the machine and on whatever else it runs.
 """
@@ -34,7 +36,8 @@ from examples.cifar10.models import make_model  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("towers", ["4"], "Tower counts to measure.")
-flags.DEFINE_list("models", ["resnet20", "keras_resnet20"], "The baseline first.")
+flags.DEFINE_list("models", ["resnet20", "keras_resnet20", "keras_resnet20@bfloat16"],
+                  "The baseline first; 'name@bfloat16' for a half precision.")
 flags.DEFINE_string("bn_mode", "first_tower", "first_tower, all_towers or sync.")
 flags.DEFINE_string("update", "parameter_server", "parameter_server or replicated.")
 flags.DEFINE_integer("global_batch", 128, "Examples per step, over all towers.")
@@ -46,8 +49,9 @@ flags.DEFINE_integer("steps_per_repetition", 3, "Steps timed per repetition.")
 class ModelRun(SteppedGraph):
     """One model's training graph and Session, ready to be stepped."""
 
-    def __init__(self, num_towers, model_name):
-        self.model_name = model_name
+    def __init__(self, num_towers, model_spec):
+        self.model_name = model_spec
+        model_name, _, precision = model_spec.partition("@")
         self.graph = tf.Graph()
         rng = np.random.RandomState(0)
         with self.graph.as_default():
@@ -59,7 +63,8 @@ class ModelRun(SteppedGraph):
             train = towerlib.build_train_graph(
                 make_model(model_name), (images, labels),
                 tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), num_towers=num_towers,
-                bn_mode=FLAGS.bn_mode, update=update, summaries=False)
+                bn_mode=FLAGS.bn_mode, update=update, summaries=False,
+                precision=precision or "float32")
             self.build_seconds = time.perf_counter() - start
             self.train_op = train.train_op
             self.nodes = len(self.graph.as_graph_def().node)
@@ -96,7 +101,12 @@ def main(argv):
             print(f"| {num_towers} | {run.model_name} | {wall:.3f} | {wall / base:.3f}x | "
                   f"{median:.3f} ({q1:.3f}-{q3:.3f}) | {run.build_seconds:.1f} | "
                   f"{run.nodes} |", flush=True)
-            if run.model_name != baseline and targets.KERAS_MODEL.applies_to(num_towers):
+            full = run.model_name.partition("@")[0]
+            if "@" in run.model_name and full in samples:
+                half = statistics.median(paired(samples, run.model_name, full))
+                verdicts.append(f"{num_towers} towers: {run.model_name} / {full} step time "
+                                f"{half:.3f} (median of paired repetitions)")
+            elif run.model_name != baseline and targets.KERAS_MODEL.applies_to(num_towers):
                 verdicts.append(f"{num_towers} towers: "
                                 + targets.KERAS_MODEL.verdict_line(median))
     print(f"load average at end {os.getloadavg()[0]:.1f}")
