@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
+from towerlib.batchnorm.modes import BatchNormMode
 from tests import helpers
 
 
@@ -21,7 +22,9 @@ def test_a_member_builds_what_its_string_builds(mode):
             train = towerlib.build_train_graph(
                 helpers.conv_bn_model, (tf.constant(images), tf.constant(labels)),
                 tf.compat.v1.train.GradientDescentOptimizer(0.1), num_towers=2, bn_mode=given)
-            assert type(train.contexts[0].bn_mode) is str
+            given_mode = train.contexts[0].bn_mode  # the mode object, equal to its name
+            assert isinstance(given_mode, BatchNormMode)
+            assert given_mode == mode.value and str(given_mode) == mode.value
             graphs.append(len(graph.as_graph_def().node))
     assert graphs[0] == graphs[1]
 

@@ -35,6 +35,7 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.update import copies as variable_copies
 
 _FUSED_BATCH_NORM = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -105,17 +106,12 @@ def check_towers(towers, bn_mode):
     'first_tower', which is what such a layer does anyway: each tower
     normalizes with its own shard and tower 0's update ops run.
     """
-    if bn_mode == "first_tower" or len(towers) < 2:
+    promise = resolve_bn_mode(bn_mode).promise
+    if promise is None or len(towers) < 2:
         return
     layers = find_foreign_batch_norm(towers)
     if not layers:
         return
-    promise = {
-        "sync": ("normalizes every tower with the statistics of the whole global "
-                 "batch and updates the moving statistics from them"),
-        "all_towers": ("updates the moving statistics once a step from the pooled "
-                       "statistics of the whole global batch"),
-    }[bn_mode]
     listing = "\n  ".join(layer.describe() for layer in layers)
     raise ForeignBatchNormError(
         f"bn_mode='{bn_mode}' {promise}, but these batch-norm layers are not "

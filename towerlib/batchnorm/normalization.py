@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from towerlib.batchnorm import moments
 from towerlib.batchnorm import worker_statistics
+from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.batchnorm.statistics import BatchNormStatistics, moving_variance_input
 
 
@@ -254,7 +255,7 @@ def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, bet
     if ctx.is_training:
         # Across workers one local tower still has peers (the reducer's group).
         peers = ctx.cross_tower.group_size if ctx.cross_tower is not None else 1
-        synchronized = ctx.bn_mode == "sync" and max(ctx.num_towers, peers) > 1
+        synchronized = resolve_bn_mode(ctx.bn_mode).exchanges(ctx.num_towers, peers)
         normalized, count, mean, variance = _training_batch_norm(
             x, reduce_axes, ctx, layer_name, beta, gamma, epsilon, synchronized)
         statistics = BatchNormStatistics(
@@ -342,8 +343,7 @@ def moving_average_updates(records, bn_mode, shared=None):
             # 'all_towers' pools every tower's shard; 'first_tower' uses tower
             # 0's shard, 'sync' tower 0's global statistics: with gradient
             # accumulation, pooled over the step's micro-batches.
-            used = (layer_statistics if bn_mode == "all_towers" else
-                    [s for s in layer_statistics if s.tower_index == 0])
+            used = resolve_bn_mode(bn_mode).moving_statistics(layer_statistics)
             first = used[0]
             if len(used) > 1:
                 with tf.device(first.moving_mean.device):

@@ -20,6 +20,7 @@ before sending, or after pooling.
 
 import tensorflow as tf
 
+from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.batchnorm.statistics import moving_variance_input
 
 __all__ = ["statistics_for_copies"]
@@ -55,7 +56,7 @@ def statistics_for_copies(layer_name, layer_statistics, bn_mode, reducer):
       layer_name: the layer's scope name (names the exchange).
       layer_statistics: the layer's BatchNormStatistics of every local tower
         and micro-batch.
-      bn_mode: 'first_tower', 'all_towers' or 'sync'.
+      bn_mode: the BatchNormMode (or its name).
       reducer: the CrossTowerReducer spanning every worker's towers.
 
     Returns:
@@ -63,12 +64,13 @@ def statistics_for_copies(layer_name, layer_statistics, bn_mode, reducer):
       bit-identical on every tower of every worker.
     """
     result = []
+    mode = resolve_bn_mode(bn_mode)
     unbiased = any(s.unbiased for s in layer_statistics)
     for index in range(reducer.num_towers):
         count, mean, variance = _own_statistics(layer_statistics, index)
         channels = int(mean.shape[0])
         with tf.device(reducer.devices[index]):
-            if bn_mode == "all_towers":
+            if mode.pools_every_tower:
                 row = tf.concat([tf.cast(count, mean.dtype), mean, variance], axis=0)
                 rows = reducer.gather(row, tower_index=index,
                                       name=f"{layer_name}/moving_statistics")

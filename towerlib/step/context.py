@@ -8,45 +8,18 @@ training graph, cannot see each other's state.
 
 import collections
 import dataclasses
-import enum
 from typing import Any, Optional
 
 import tensorflow as tf
 
+from towerlib.batchnorm.modes import BN_MODES, BnMode, resolve_bn_mode
 
-class BnMode(str, enum.Enum):
-    """How batch norm treats the towers; `bn_mode=` takes a member or its string.
-
-        towerlib.build_train_graph(..., bn_mode=towerlib.BnMode.sync)   # = "sync"
-
-    first_tower: tower 0's shard updates the moving statistics; all_towers: the
-    pooled global batch does; sync: every tower also normalizes with the global
-    batch's statistics (docs/batch_norm_modes.md). Members equal (and hash as)
-    their strings, so either spelling works everywhere.
-    """
-
-    first_tower = "first_tower"
-    all_towers = "all_towers"
-    sync = "sync"
-
-    def __str__(self):
-        return self.value
-
-
-BN_MODES = tuple(mode.value for mode in BnMode)
+__all__ = ["BN_MODES", "BnMode", "TowerContext", "TowerRecords", "check_bn_mode"]
 
 
 def check_bn_mode(bn_mode):
-    """The mode's string ('sync'); raises ValueError unless `bn_mode` is one of BN_MODES."""
-    if isinstance(bn_mode, BnMode):
-        return bn_mode.value
-    if not isinstance(bn_mode, str) or bn_mode not in BN_MODES:
-        raise ValueError(
-            f"Unknown bn_mode {bn_mode!r}. Fix: pick one of {', '.join(BN_MODES)}: "
-            "'first_tower' updates the moving statistics from tower 0's shard, "
-            "'all_towers' from the whole global batch, 'sync' also normalizes "
-            "with the whole global batch's statistics.")
-    return bn_mode
+    """The BatchNormMode for `bn_mode` (a mode, its name, a BnMode member); ValueError else."""
+    return resolve_bn_mode(bn_mode)
 
 
 class TowerRecords:
@@ -102,7 +75,9 @@ class TowerContext:
       device: the device the tower's ops run on, e.g. '/device:GPU:1'.
       is_training: whether layers run in training mode (batch statistics,
         dropout) or inference mode (moving statistics, no dropout).
-      bn_mode: one of `BN_MODES`; how batch norm treats the towers.
+      bn_mode: how batch norm treats the towers, a towerlib.batchnorm.modes
+        BatchNormMode (given as one, or as its name in BN_MODES; it compares
+        equal to its name, so a tower function comparing it with 'sync' works).
       name_scope: the tower's name scope, e.g. 'tower_1/'.
       batch_size: int32 scalar tensor, this tower's number of examples, or
         None when the builder does not know it.
@@ -124,7 +99,7 @@ class TowerContext:
     num_towers: int = 1
     device: str = ""
     is_training: bool = True
-    bn_mode: str = "first_tower"
+    bn_mode: Any = "first_tower"
     name_scope: str = ""
     batch_size: Optional[tf.Tensor] = None
     records: Optional[TowerRecords] = None
