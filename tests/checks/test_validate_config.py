@@ -34,10 +34,8 @@ WRONG = {
 def test_every_build_train_graph_option_is_validated():
     """A new option of build_train_graph fails here until validate_config checks it."""
     build_options = [name for name in inspect.signature(towerlib.build_train_graph).parameters]
-    validated = inspect.signature(towerlib.validate_config).parameters
     assert set(build_options) == set(WRONG), "give every option a wrong value above"
     for option in build_options:
-        assert option in validated, f"validate_config does not take {option}"
         value, word = WRONG[option]
         with pytest.raises(towerlib.ConfigError) as raised:
             towerlib.validate_config(**{option: value})

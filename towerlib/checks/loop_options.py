@@ -1,16 +1,51 @@
-"""validate_config's checks of the training loop's options (run_training's).
+"""run_training's options, declared once, and validate_config's checks of them.
 
-Each function adds ConfigProblems to a checker (towerlib.checks.validation), or
-returns them, instead of raising, so that every problem is listed at once.
+`LOOP_OPTIONS` declares each option (name, default, doc; the loop's options
+are checked together, by the functions below): run_training's signature,
+its frozen loop state and validate_config follow it. Each check adds
+ConfigProblems to a checker (towerlib.checks.validation), or returns them,
+instead of raising, so that every problem is listed at once.
 """
 
 import itertools
 import math
 import numbers
 import os
+import signal
 import uuid
 
 import tensorflow as tf
+
+from towerlib.checks.declared_options import REQUIRED, Option, OptionTable
+from towerlib.exchange.safety import DEFAULT_TIMEOUT_SECONDS
+
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+LOOP_OPTIONS = OptionTable("run_training", [
+    Option("train_dir", REQUIRED, None,
+           "checkpoints and events; training resumes from the newest checkpoint here"),
+    Option("max_steps", REQUIRED, None, "the global step to stop at"),
+    Option("hooks", (), None, "extra SessionRunHooks, run before the checkpoint hook"),
+    Option("session_config", None, None,
+           "the sessions' ConfigProto; None gives CPU towers their virtual devices"),
+    Option("master", "", None, "the session target (a server's, across machines)"),
+    Option("is_chief", True, None, "the chief alone restores and writes"),
+    Option("log_every_n_steps", 100, None, "how often to log the loss and speed"),
+    Option("save_checkpoint_steps", None, None, "checkpoint every N steps (default 1000)"),
+    Option("save_checkpoint_secs", None, None, "or every N seconds"),
+    Option("save_summaries_steps", 100, None, "write summaries every N steps; None: never"),
+    Option("examples_per_step", None, None, "the global batch size, for examples/sec"),
+    Option("scaffold", None, None, "a tf.compat.v1.train.Scaffold (its own saver)"),
+    Option("max_checkpoints_to_keep", 5, None, "how many of the newest checkpoints to keep"),
+    Option("stop_on_signals", DEFAULT_SIGNALS, None,
+           "signals that stop training cleanly, with a final checkpoint"),
+    Option("collective_timeout_secs", DEFAULT_TIMEOUT_SECONDS, None,
+           "one step's deadline when the graph has collectives"),
+    Option("session_creator_wrapper", None, None, "wraps run_training's SessionCreator"),
+    Option("trace_steps", (), None, "global steps to run with full tracing"),
+    Option("restore_from", "newest", None, "'newest', a checkpoint prefix, or None"),
+    Option("evaluation", None, None, "a towerlib.Evaluation: evaluate, keep the best, stop"),
+])
 
 
 def _is_int(value):

@@ -9,6 +9,7 @@ count, batch sizes, devices, modes, paths), before building the graph.
 """
 
 import dataclasses
+import difflib
 import numbers
 
 import tensorflow as tf
@@ -115,23 +116,24 @@ _REQUIRED_FIXES = {
 }
 
 
-def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=None,
-                    devices=None, device_type=None, bn_mode=None, update=None,
-                    precision=None, exchange=None, accumulation_steps=None,
-                    global_step=None, ema_decay=None, learning_rate=None, var_list=None,
-                    summaries=None, check_isolation=None, workers=None, clipping=None,
-                    global_batch_size=None, per_tower_batch_size=None,
-                    train_dir=None, max_steps=None,
-                    save_checkpoint_steps=None, save_checkpoint_secs=None,
-                    save_summaries_steps=None, log_every_n_steps=None,
-                    examples_per_step=None, max_checkpoints_to_keep=None,
-                    trace_steps=None, master="", is_chief=True, session_config=None,
-                    probe_writes=True, required=()):
+# validate_config's own options, next to the build's and the loop's.
+_OWN = ("tower_fn", "inputs", "optimizer", "global_batch_size", "per_tower_batch_size",
+        "probe_writes", "required")
+# The loop options it judges (the rest, such as hooks, run_training judges itself).
+_LOOP_CHECKED = ("train_dir", "max_steps", "save_checkpoint_steps", "save_checkpoint_secs",
+                 "save_summaries_steps", "log_every_n_steps", "examples_per_step",
+                 "max_checkpoints_to_keep", "trace_steps", "master", "is_chief",
+                 "session_config")
+
+
+def validate_config(*, tower_fn=None, inputs=None, optimizer=None, global_batch_size=None,
+                    per_tower_batch_size=None, probe_writes=True, required=(), **options):
     """Checks every given option and raises one ConfigError listing all problems.
 
-    It takes every option of build_train_graph and run_training by the same
-    names (hence its length), so that a script checks all its flags at once,
-    before building anything.
+    `options` are build_train_graph's (towerlib.step.options.STEP_OPTIONS) and
+    run_training's (towerlib.checks.loop_options.LOOP_OPTIONS) by the same
+    names, so that a script checks all its flags at once, before building
+    anything; an unknown name is a problem too, naming the closest option.
 
     Options left as None are not checked. The options of build_train_graph
     go through the same checks it runs itself (towerlib.step.options; the
@@ -143,60 +145,76 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, num_towers=No
     tell, e.g. for root or on a read-only or full file system.
 
     Args:
-      tower_fn, inputs, optimizer, num_towers, devices, device_type, bn_mode,
-      update, precision, exchange, accumulation_steps, global_step, ema_decay,
-      learning_rate, var_list, summaries, check_isolation, workers, clipping: as
-        for build_train_graph.
+      tower_fn, inputs, optimizer: as for build_train_graph.
       global_batch_size: examples per optimizer step, all towers together.
       per_tower_batch_size: examples per tower, when the script has that
         option too (it must agree with the global batch).
-      train_dir, max_steps, save_checkpoint_steps, save_checkpoint_secs,
-      save_summaries_steps, log_every_n_steps, examples_per_step,
-      max_checkpoints_to_keep, trace_steps, master, is_chief: as for run_training.
-      session_config: the ConfigProto the session will use, to check that
-        '/device:CPU:i' towers exist in it.
       probe_writes: probe train_dir's writability (only the chief writes).
       required: names of options that must be given (not None), e.g.
         ('train_dir', 'max_steps') for run_training.
+      **options: build_train_graph's and run_training's options; session_config
+        (the ConfigProto the session will use) is checked for '/device:CPU:i'
+        towers existing in it.
 
     Raises:
       ConfigError: with one ConfigProblem per problem.
     """
     check = _Checker()
-    given = dict(num_towers=num_towers, devices=devices, global_batch_size=global_batch_size,
-                 train_dir=train_dir, max_steps=max_steps, bn_mode=bn_mode)
+    step = {name: options.get(name) for name in step_options.STEP_OPTIONS.names}
+    loop = {name: options.get(name) for name in _LOOP_CHECKED}
+    loop["master"] = options.get("master", "")
+    loop["is_chief"] = options.get("is_chief", True)
+    _check_names(check, options)
+    given = dict(step, global_batch_size=global_batch_size, **loop)
     for option in required:
         if given.get(option, None) is None:
             check.add(option, "is required.", _REQUIRED_FIXES.get(option, "give it."))
+    session_config = _session_config(check, loop["session_config"])
+    cpu_devices = None if session_config is None else session_config.device_count.get("CPU", 1)
+    problems, towers = devices_lib.tower_problems(
+        step["num_towers"], step["devices"], step["device_type"],
+        gpus=devices_lib.local_gpu_count(), cpu_devices=cpu_devices, judge_devices=True)
+    for problem in problems:
+        check.add(problem.option, problem.what, problem.fix)
+    _check_batch(check, towers, global_batch_size, per_tower_batch_size,
+                 loop["examples_per_step"])
+    arguments = dict(tower_fn=tower_fn, inputs=inputs, optimizer=optimizer)
+    resolved = _check_step_options(check, dict(arguments, **{
+        name: value for name, value in step.items() if name in step_options.OPTION_CHECKS}))
+    _check_step_combinations(check, resolved, towers, global_batch_size, step["bn_mode"],
+                             optimizer if "optimizer" in resolved else None)
+    _check_loop(check, loop, probe_writes)
+    if check.problems:
+        raise ConfigError(check.problems)
+
+
+def _check_names(check, options):
+    known = step_options.STEP_OPTIONS.names + _LOOP_CHECKED + _OWN
+    for name in options:
+        if name not in known:
+            closest = difflib.get_close_matches(name, known, n=1)
+            check.add(name, "is not an option of build_train_graph or run_training.",
+                      f"{closest[0]}" if closest else "drop it.")
+
+
+def _session_config(check, session_config):
     if session_config is not None and not isinstance(session_config,
                                                      tf.compat.v1.ConfigProto):
         check.add("session_config", f"is a {type(session_config).__name__}.",
                   "pass towerlib.session_config(num_towers) or a tf.compat.v1.ConfigProto.")
-        session_config = None
-    cpu_devices = None if session_config is None else session_config.device_count.get("CPU", 1)
-    problems, towers = devices_lib.tower_problems(
-        num_towers, devices, device_type, gpus=devices_lib.local_gpu_count(),
-        cpu_devices=cpu_devices, judge_devices=True)
-    for problem in problems:
-        check.add(problem.option, problem.what, problem.fix)
-    _check_batch(check, towers, global_batch_size, per_tower_batch_size, examples_per_step)
-    resolved = _check_step_options(check, dict(
-        tower_fn=tower_fn, inputs=inputs, optimizer=optimizer, bn_mode=bn_mode,
-        update=update, precision=precision, exchange=exchange,
-        accumulation_steps=accumulation_steps, global_step=global_step,
-        ema_decay=ema_decay, learning_rate=learning_rate, var_list=var_list,
-        summaries=summaries, check_isolation=check_isolation, workers=workers,
-        clipping=clipping))
-    _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode,
-                             optimizer if "optimizer" in resolved else None)
-    loop_options.check_train_dir(check, train_dir, probe_writes and is_chief)
+        return None
+    return session_config
+
+
+def _check_loop(check, loop, probe_writes):
+    loop_options.check_train_dir(check, loop["train_dir"], probe_writes and loop["is_chief"])
     loop_options.check_training_loop(
-        check, max_steps, save_checkpoint_steps, save_checkpoint_secs,
-        save_summaries_steps, log_every_n_steps, max_checkpoints_to_keep, master, is_chief)
-    if trace_steps is not None:
-        loop_options.check_trace_steps(check, trace_steps, max_steps)
-    if check.problems:
-        raise ConfigError(check.problems)
+        check, loop["max_steps"], loop["save_checkpoint_steps"],
+        loop["save_checkpoint_secs"], loop["save_summaries_steps"],
+        loop["log_every_n_steps"], loop["max_checkpoints_to_keep"], loop["master"],
+        loop["is_chief"])
+    if loop["trace_steps"] is not None:
+        loop_options.check_trace_steps(check, loop["trace_steps"], loop["max_steps"])
 
 
 def _check_step_options(check, options):

@@ -30,8 +30,9 @@ from typing import Any, Tuple
 
 import tensorflow as tf
 
+from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.step.build import build_train_graph
-from towerlib.step.options import check_ema_decay
+from towerlib.step.options import STEP_OPTIONS, check_ema_decay
 from towerlib.step.train_graph import TrainGraph
 from towerlib.update.choose import resolve_update
 from towerlib.update.parameter_server import ParameterServer
@@ -173,25 +174,21 @@ class SyncTrainGraph:
 
 def check_bn_mode_for_cluster(bn_mode, cluster):
     """bn_mode='sync' all-reduces within one replica only, so it cannot span R > 1."""
-    if bn_mode == "sync" and cluster.num_replicas > 1:
-        raise ValueError(
-            f"bn_mode='sync' cannot span the {cluster.num_replicas} workers of this "
-            "cluster: its all-reduce runs among one worker's towers only, so each "
-            "worker would normalize with its own shard of the global batch, not "
-            "the whole batch. Use bn_mode='all_towers' (each worker normalizes per "
-            "tower and updates the moving statistics from its whole worker batch) "
-            "or 'first_tower'.")
+    resolve_bn_mode(bn_mode).check_replicas(cluster.num_replicas)
 
 
-def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=None,
-                           device_type=None, bn_mode="first_tower", precision="float32",
-                           exchange=None, accumulation_steps=1, ema_decay=None,
-                           global_step=None, learning_rate=None, var_list=None,
-                           summaries=True, check_isolation=True, device_function=None,
-                           update=None, clipping=None):
+# build_train_graph's options but those the cluster decides (the towers' devices, the
+# worker group); `update` defaults to the ps tasks.
+SYNC_STEP_OPTIONS = STEP_OPTIONS.without("devices", "workers", owner="build_sync_train_graph")
+
+
+def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, device_function=None,
+                           **options):
     """Builds this replica's synchronous training step.
 
-    Its options are build_train_graph's, by the same names, plus the cluster.
+    Its options are build_train_graph's, by the same names and defaults
+    (SYNC_STEP_OPTIONS: all but `devices` and `workers`, which the cluster
+    decides), plus the cluster and `device_function`.
 
     `update` chooses how the workers combine, as on one machine: None or
     towerlib.ParameterServer() trains through the ps tasks (below);
@@ -210,8 +207,7 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
     Args:
       tower_fn, inputs, precision, exchange, accumulation_steps, global_step,
       learning_rate, var_list, summaries, check_isolation: as for
-        towerlib.build_train_graph (the update is always a
-        towerlib.ParameterServer on the ps tasks).
+        towerlib.build_train_graph.
       optimizer: a tf.compat.v1.train.Optimizer (e.g. GradientDescentOptimizer);
         it is wrapped here, do not wrap it in SyncReplicasOptimizer yourself.
       cluster: this task's ClusterInfo (a replica, not a ps).
@@ -230,11 +226,13 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
       A SyncTrainGraph.
     """
     check_cluster(cluster, "build_sync_train_graph")
+    options = SYNC_STEP_OPTIONS.with_defaults(options)
     if cluster.is_ps:
         raise ValueError(
             "build_sync_train_graph runs on a training task (worker or chief); a ps "
             "task only serves variables (run_parameter_server).")
-    update = resolve_update("parameter_server" if update is None else update)
+    update = resolve_update("parameter_server" if options["update"] is None
+                            else options["update"])
     if update.exchanges_gradients and device_function is not None:
         raise ValueError(
             "device_function places variables on ps tasks, and update="
@@ -242,12 +240,14 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             "(build the inputs under tf.device(cluster.task_device)).")
     if update.exchanges_gradients:
         return allreduce.build_allreduce_train_graph(
-            tower_fn, inputs, optimizer, cluster, num_towers=num_towers,
-            device_type=device_type, update=update, bn_mode=bn_mode, precision=precision,
-            exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
-            global_step=global_step, learning_rate=learning_rate, var_list=var_list,
-            summaries=summaries, check_isolation=check_isolation, clipping=clipping)
-    if clipping is not None:
+            tower_fn, inputs, optimizer, cluster, **dict(options, update=update))
+    return _build_through_ps_tasks(tower_fn, inputs, optimizer, cluster, device_function,
+                                   options)
+
+
+def _build_through_ps_tasks(tower_fn, inputs, optimizer, cluster, device_function, options):
+    """The parameter-server path: SyncReplicasOptimizer over the ps tasks' variables."""
+    if options["clipping"] is not None:
         raise ValueError(
             "clipping is taken over the whole global batch's gradient, which the "
             "parameter-server path never holds in one place (each worker hands its own "
@@ -258,20 +258,21 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             "This cluster has no ps task, so the parameter-server path has nowhere to "
             "keep the variables. Fix: give the ps addresses (--ps_hosts), or "
             "all-reduce across the workers with update=towerlib.Replicated().")
-    check_bn_mode_for_cluster(bn_mode, cluster)
+    check_bn_mode_for_cluster(options["bn_mode"], cluster)
     if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise TypeError("Pass the plain optimizer; build_sync_train_graph wraps it "
                         "in SyncReplicasTowerOptimizer itself.")
     placer = device_function or placement.ParameterServerPlacer(cluster)
-    devices = placement.tower_devices(cluster, num_towers, device_type)
+    devices = placement.tower_devices(cluster, options["num_towers"], options["device_type"])
     with tf.compat.v1.device(placer):
+        global_step = options["global_step"]
         if global_step is None:
             global_step = tf.compat.v1.train.get_or_create_global_step()
-        check_ema_decay(ema_decay)
+        check_ema_decay(options["ema_decay"])
         ema = None
-        if ema_decay is not None:
+        if options["ema_decay"] is not None:
             ema = tf.compat.v1.train.ExponentialMovingAverage(
-                ema_decay, num_updates=global_step)
+                options["ema_decay"], num_updates=global_step)
         sync_optimizer = SyncReplicasTowerOptimizer(
             optimizer, cluster.num_replicas, cluster.is_chief, variable_averages=ema)
         # The chief applies the moving average itself (variable_averages): the
@@ -282,12 +283,13 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, num_towers=N
             tf.compat.v1.get_variable_scope(),
             caching_device=f"{cluster.task_device}/device:CPU:0")
         with reads_cached:
+            step_options = {name: options[name] for name in (
+                "bn_mode", "precision", "exchange", "accumulation_steps", "learning_rate",
+                "var_list", "summaries", "check_isolation")}
             train_graph = build_train_graph(
-                tower_fn, inputs, sync_optimizer, devices=devices, bn_mode=bn_mode,
-                update=ParameterServer(device=placer), precision=precision, exchange=exchange,
-                accumulation_steps=accumulation_steps, global_step=global_step,
-                learning_rate=learning_rate, var_list=var_list, summaries=summaries,
-                check_isolation=check_isolation)
+                tower_fn, inputs, sync_optimizer, devices=devices,
+                update=ParameterServer(device=placer), global_step=global_step,
+                **step_options)
     return SyncTrainGraph(
         train_graph=train_graph, optimizer=sync_optimizer,
         hooks=(sync_optimizer.make_session_run_hook(),), cluster=cluster,

@@ -23,9 +23,9 @@ import threading
 
 import tensorflow as tf
 
-logger = logging.getLogger("towerlib")
+from towerlib.checks.loop_options import DEFAULT_SIGNALS  # noqa: F401 (re-exported)
 
-DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+logger = logging.getLogger("towerlib")
 
 
 class StopSignalReceived(BaseException):

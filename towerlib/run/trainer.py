@@ -96,7 +96,8 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     The options are MonitoredTrainingSession's (which this replaces) plus
-    towerlib's fault handling; all keyword-only, each with a default.
+    towerlib's fault handling; all keyword-only, each with a default, each
+    declared once in towerlib.checks.loop_options.LOOP_OPTIONS.
 
     Args:
       train_graph: a TrainGraph from build_train_graph (with
@@ -111,6 +112,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         towers that config (their virtual devices), GPU towers TensorFlow's default.
       master, is_chief: for distributed training; the chief alone restores
         and writes.
+      log_every_n_steps: how often to log the loss and the speed.
       save_checkpoint_steps / save_checkpoint_secs: how often to checkpoint
         (at most one of them; default every 1000 steps); a checkpoint is also
         written at the start and at the end (after max_steps or a signal).
@@ -184,12 +186,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     train_dir = str(train_dir)
     graph = train_graph.train_op.graph
     scaffold = scaffold or tf.compat.v1.train.Scaffold()
-    loop = _Loop(
-        train_graph, graph, train_dir, max_steps, tuple(hooks), session_config, master,
-        is_chief, log_every_n_steps, save_checkpoint_steps, save_checkpoint_secs,
-        save_summaries_steps, examples_per_step, scaffold, max_checkpoints_to_keep,
-        stop_on_signals, collective_timeout_secs, session_creator_wrapper, trace_steps,
-        restore_from, evaluation)  # in _Loop's field order, which is run_training's
+    hooks = tuple(hooks)
+    loop = _Loop(train_graph=train_graph, graph=graph,
+                 **loop_options.LOOP_OPTIONS.pick(locals()))
     held = None
     if is_chief:  # the one writer of train_dir: one trainer at a time
         tf.io.gfile.makedirs(train_dir)
@@ -201,30 +200,11 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
             held.release()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Loop:
-    """run_training's arguments once checked (see run_training for each)."""
-    train_graph: object
-    graph: tf.Graph
-    train_dir: str
-    max_steps: int
-    hooks: tuple
-    session_config: object
-    master: str
-    is_chief: bool
-    log_every_n_steps: int
-    save_checkpoint_steps: object
-    save_checkpoint_secs: object
-    save_summaries_steps: object
-    examples_per_step: object
-    scaffold: object
-    max_checkpoints_to_keep: int
-    stop_on_signals: tuple
-    collective_timeout_secs: float
-    session_creator_wrapper: object
-    trace_steps: tuple
-    restore_from: object
-    evaluation: object
+# run_training's arguments once checked: the step's graph and every LOOP_OPTIONS entry,
+# by name (see run_training for each).
+_Loop = dataclasses.make_dataclass(
+    "_Loop", [("train_graph", object), ("graph", tf.Graph)]
+    + [(name, object) for name in loop_options.LOOP_OPTIONS.names], frozen=True)
 
 
 def _check_evaluation(evaluation, train_graph, max_steps):

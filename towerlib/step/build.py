@@ -42,9 +42,10 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
                       summaries=True, check_isolation=True, workers=None, clipping=None):
     """Builds the multi-tower training step.
 
-    The options are keyword-only, each with a default; related choices are
-    already grouped into strategy objects (update, precision, exchange,
-    clipping, bn_mode), and what remains are independent single knobs.
+    The options are keyword-only, each with a default, declared once in
+    towerlib.step.options.STEP_OPTIONS (name, default, check, doc), which this
+    signature follows; related choices are strategy objects (update,
+    precision, exchange, clipping, bn_mode), the rest independent knobs.
 
     Args:
       tower_fn: a towerlib.TowerModel, or a callable (inputs, ctx) -> loss
@@ -89,12 +90,7 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
             "build inside `with tf.Graph().as_default():` (or call "
             "tf.compat.v1.disable_eager_execution() first).")
     options = options_lib.resolve_step_options(
-        optimizer, tower_fn=tower_fn, num_towers=num_towers, devices=devices,
-        device_type=device_type, bn_mode=bn_mode, update=update, precision=precision,
-        exchange=exchange, accumulation_steps=accumulation_steps, ema_decay=ema_decay,
-        learning_rate=learning_rate, global_step=global_step, var_list=var_list,
-        summaries=summaries, check_isolation=check_isolation, workers=workers,
-        clipping=clipping)
+        optimizer, tower_fn=tower_fn, **options_lib.STEP_OPTIONS.pick(locals()))
     options.precision.check_optimizer(optimizer)
     setting = _step_setting(options, global_step)
     stacks, global_examples = (

@@ -3,7 +3,8 @@
 `build_train_graph` calls `resolve_step_options` first, so a bad option is
 refused (one clear error naming it and the fix) before anything is built.
 `towerlib.validate_config` calls the same functions, through `OPTION_CHECKS`,
-to list every problem of a configuration at once: a rule is written once.
+to list every problem of a configuration at once: a rule is written once, and
+each option is declared once (`STEP_OPTIONS`: name, default, check, doc).
 
     options = resolve_step_options(optimizer, num_towers=4, update="replicated",
                                    precision=towerlib.BFloat16(), bn_mode="sync")
@@ -18,6 +19,8 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
+from towerlib.batchnorm.modes import BatchNormMode, resolve_bn_mode
+from towerlib.checks.declared_options import Option, OptionTable
 from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.precision.policy import Precision, resolve_precision
@@ -26,11 +29,10 @@ from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.step import towers as towers_lib
 from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
-from towerlib.step.context import check_bn_mode
 from towerlib.update.base import UpdateChoice
 from towerlib.update.choose import resolve_update
 
-__all__ = ["OPTION_CHECKS", "StepOptions", "check_ema_decay", "check_exchange_applies",
+__all__ = ["OPTION_CHECKS", "STEP_OPTIONS", "StepOptions", "check_ema_decay", "check_exchange_applies",
            "check_optimizer", "check_workers_apply", "resolve_step_options",
            "resolve_workers"]
 
@@ -138,27 +140,49 @@ def _check_var_list(var_list):
                         "the towers create), or pass a list of variables.")
 
 
-# Option name -> the function that checks it (raising ValueError or TypeError
-# naming the option and the fix). Options checked together are not: the tower
-# count, devices and device type (towerlib.step.devices.tower_problems) and
-# whether an exchange applies (resolve_step_options).
+# build_train_graph's options, each once (towerlib.checks.declared_options): the
+# build, validate_config, build_sync_train_graph and docs/api.md's table follow it. The
+# towers' count, devices and type have no check of their own: they are judged together
+# (towerlib.step.devices.tower_problems).
+STEP_OPTIONS = OptionTable("build_train_graph", [
+    Option("num_towers", None, None, "how many towers: default one per GPU, else 1"),
+    Option("devices", None, None, "the towers' device strings, instead of a count"),
+    Option("device_type", None, None, "'gpu', 'cpu', or None (GPUs when there are any)"),
+    Option("bn_mode", "first_tower", resolve_bn_mode,
+           "how batch norm treats the towers: 'first_tower', 'all_towers' or 'sync'"),
+    Option("update", "parameter_server", resolve_update,
+           "ParameterServer() or Replicated(): how the gradients reach the variables"),
+    Option("precision", "float32", resolve_precision,
+           "Float32(), BFloat16() or Float16(loss_scale=...): the towers' compute dtype"),
+    Option("exchange", None, resolve_exchange,
+           "GraphExchange() or CollectiveExchange(); None chooses by the devices"),
+    Option("accumulation_steps", 1, accumulation.check_accumulation_steps,
+           "micro-batches per tower in one optimizer step"),
+    Option("global_step", None, _check_global_step,
+           "the step variable; None: get_or_create_global_step()"),
+    Option("ema_decay", None, check_ema_decay,
+           "keep an ExponentialMovingAverage of the weights with this decay"),
+    Option("learning_rate", None, _check_learning_rate,
+           "a tensor or float, only for the 'learning_rate' summary"),
+    Option("var_list", None, _check_var_list,
+           "the variables to train; None: the trainable ones the towers created"),
+    Option("summaries", True, _check_bool("summaries"),
+           "add the losses, the learning rate and tower scalars to SUMMARIES"),
+    Option("check_isolation", True, _check_bool("check_isolation"),
+           "refuse a tower loss that reads another tower's examples"),
+    Option("workers", None, resolve_workers,
+           "a WorkerGroup: train across worker processes (needs Replicated())"),
+    Option("clipping", None, resolve_clipping,
+           "None, or ClipByGlobalNorm(clip_norm) on the step's combined gradient"),
+])
+
+# The build's arguments and options -> the function that checks each (validate_config
+# runs them one by one, to list every problem at once).
 OPTION_CHECKS = types.MappingProxyType({
     "tower_fn": towers_lib.as_tower_fn,
     "inputs": _check_inputs,
     "optimizer": check_optimizer,
-    "bn_mode": check_bn_mode,
-    "update": resolve_update,
-    "precision": resolve_precision,
-    "exchange": resolve_exchange,
-    "accumulation_steps": accumulation.check_accumulation_steps,
-    "ema_decay": check_ema_decay,
-    "learning_rate": _check_learning_rate,
-    "global_step": _check_global_step,
-    "var_list": _check_var_list,
-    "summaries": _check_bool("summaries"),
-    "check_isolation": _check_bool("check_isolation"),
-    "workers": resolve_workers,
-    "clipping": resolve_clipping,
+    **STEP_OPTIONS.checks(),
 })
 
 
@@ -175,7 +199,7 @@ class StepOptions:
     """
 
     devices: Tuple[str, ...]
-    bn_mode: str
+    bn_mode: BatchNormMode
     update: UpdateChoice
     precision: Precision
     exchange: Optional[ExchangeChoice]
@@ -187,39 +211,35 @@ class StepOptions:
 
 def check_exchange_applies(exchange, bn_mode, update):
     """Refuses an exchange chosen where nothing crosses between the towers."""
-    if exchange is not None and bn_mode != "sync" and not update.exchanges_gradients:
+    if exchange is not None and not resolve_bn_mode(bn_mode).normalizes_globally \
+            and not update.exchanges_gradients:
         raise ValueError(
             f"exchange={exchange!r} has no effect: with bn_mode={bn_mode!r} and "
             f"update={update!r} nothing crosses between the towers. Fix: Drop exchange, "
             "or use bn_mode='sync' or update=towerlib.Replicated().")
 
 
-def resolve_step_options(optimizer, *, tower_fn=None, num_towers=None, devices=None,
-                         device_type=None, bn_mode="first_tower",
-                         update="parameter_server", precision="float32", exchange=None,
-                         accumulation_steps=1, ema_decay=None, learning_rate=None,
-                         global_step=None, var_list=None, summaries=True,
-                         check_isolation=True, workers=None, clipping=None) -> StepOptions:
+def resolve_step_options(optimizer, *, tower_fn=None, **options) -> StepOptions:
     """Checks every build option (the first bad one raises) and resolves them.
 
-    It takes build_train_graph's options one for one: it is their one resolver.
+    `options` are STEP_OPTIONS by name (the rest take their defaults): the one
+    resolver of build_train_graph's options.
     """
-    given = dict(tower_fn=tower_fn, optimizer=optimizer, bn_mode=bn_mode, update=update,
-                 precision=precision, exchange=exchange,
-                 accumulation_steps=accumulation_steps, ema_decay=ema_decay,
-                 learning_rate=learning_rate, global_step=global_step,
-                 var_list=var_list, summaries=summaries, check_isolation=check_isolation,
-                 workers=workers, clipping=clipping)
-    resolved = {name: OPTION_CHECKS[name](value) for name, value in given.items()
-                if not (name == "tower_fn" and value is None)}
+    values = STEP_OPTIONS.with_defaults(options)
+    if tower_fn is not None:
+        towers_lib.as_tower_fn(tower_fn)
+    check_optimizer(optimizer)
+    resolved = {name: check(values[name]) for name, check in STEP_OPTIONS.checks().items()}
     update, workers, bn_mode = resolved["update"], resolved["workers"], resolved["bn_mode"]
     check_exchange_applies(resolved["exchange"], bn_mode, update)
     check_workers_apply(workers, update)
-    devices = devices_lib.resolve_devices(num_towers, devices, device_type)
-    needs_exchange = bn_mode == "sync" or update.exchanges_gradients
+    devices = devices_lib.resolve_devices(values["num_towers"], values["devices"],
+                                          values["device_type"])
+    needs_exchange = bn_mode.normalizes_globally or update.exchanges_gradients
     return StepOptions(
         devices=tuple(devices), bn_mode=bn_mode, update=update,
         precision=resolved["precision"],
-        exchange=resolve_exchange(exchange, devices, workers) if needs_exchange else None,
-        accumulation_steps=resolved["accumulation_steps"], ema_decay=ema_decay,
+        exchange=(resolve_exchange(values["exchange"], devices, workers) if needs_exchange
+                  else None),
+        accumulation_steps=resolved["accumulation_steps"], ema_decay=values["ema_decay"],
         workers=workers, clipping=resolved["clipping"])
