@@ -4,6 +4,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,11 @@ SCRIPT = os.path.join(ROOT, "tests", "cluster", "own_script.py")
     (cluster_lib.WorkerLostError("worker task 1 no longer accepts connections"), 138),
     (cluster_lib.ReplicaLostError("a step waited 60 s"), 138),
     (cluster_lib.PsUnavailableError({0: "127.0.0.1:2222"}, 60, 1), 138),
-    (TimeoutError("worker task 1 did not start within 4 s"), 138),
+    (cluster_lib.PeerTimeoutError("worker task 1 did not start within 4 s"), 138),
+    # A user's own timeout is no lost peer: it keeps Python's status (and traceback).
+    (TimeoutError("my download timed out"), 1),
+    (socket.timeout("timed out"), 1),
+    (ConnectionRefusedError("my database is down"), 1),
     (ValueError("--num_towers=0: give 1 or more"), 2),
     (TypeError("task index must be an int"), 2),
     (cluster_lib.AddressError("127.0.0.1:2222 is in use"), 2),
@@ -71,6 +76,26 @@ def test_debug_shows_the_traceback_before_the_line(monkeypatch):
     assert status == 2
     assert text.startswith("Traceback") and text.splitlines()[-1] == (
         "error: worker 1: ValueError: --model=vgg16: unknown [exit 2, fix and rerun]")
+
+
+def test_a_users_own_timeout_keeps_its_meaning(monkeypatch):
+    """Not 138: a scheduler would restart, forever, a job that lost no peer."""
+    def main():
+        raise TimeoutError("my own download timed out")
+    with pytest.raises(TimeoutError, match="my own download"):
+        exits.exit_by_meaning(main, stderr=io.StringIO())
+
+
+def test_towerlibs_own_waits_on_other_tasks_are_retryable(monkeypatch):
+    """The waits towerlib bounds (the ps tasks' answer, here) raise its own class."""
+    from towerlib.cluster import runtime
+    cluster = cluster_lib.cluster_from_flags(
+        ps_hosts=f"127.0.0.1:{free_ports(1)[0]}", worker_hosts="127.0.0.1:1",
+        job_name="worker", task_index=0)
+    with pytest.raises(cluster_lib.PeerTimeoutError) as raised:
+        runtime.wait_for_ps_tasks(cluster, timeout_secs=0.3, poll_secs=0.1)
+    assert isinstance(raised.value, TimeoutError)
+    assert exits.exit_status(raised.value) == exits.RETRYABLE
 
 
 def test_a_bug_keeps_pythons_traceback_and_status(monkeypatch):

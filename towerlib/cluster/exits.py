@@ -12,8 +12,14 @@
 138 is what Kubeflow's training operator reserves for a user-defined retryable
 error (`restartPolicy: ExitCode` restarts 130, 137, 138 and 143 and treats 1, 2,
 126, 127, 128 and 139 as permanent); towerlib.launch and Ray restart it too.
-Anything else (a bug, an out-of-memory error) keeps Python's status 1 and its
-traceback.
+Only towerlib's own errors for a lost peer and for a wait on another task that
+passed its bound (WorkerLostError, ReplicaLostError, PsUnavailableError,
+PeerTimeoutError) are 138: a user's own TimeoutError or socket.timeout keeps
+its meaning. Anything else (a bug, an out-of-memory error, a user's timeout)
+keeps Python's status 1 and its traceback.
+
+This module imports no TensorFlow until a task fails (towerlib-launch reads its
+statuses and must start its first task at once).
 
 `exit_by_meaning` maps what a task raised to its status and one line on stderr:
 
@@ -33,12 +39,6 @@ import sys
 import tempfile
 import traceback
 
-from towerlib.run import checkpoint_state
-from towerlib.run import stopping
-from towerlib.cluster import placement
-from towerlib.cluster import recovery
-from towerlib.cluster import replica_watch
-
 logger = logging.getLogger("towerlib")
 
 USER_ERROR = 2
@@ -48,12 +48,22 @@ RETRYABLE = 138
 RESTART_STATUSES = frozenset({RETRYABLE, 128 + signal.SIGKILL, 128 + signal.SIGTERM})
 DEBUG_VARIABLE = "TOWERLIB_DEBUG"
 
-# What the cluster raises when another task is gone: restarting every task fixes it.
-_RETRYABLE_ERRORS = (replica_watch.ReplicaLostError, recovery.PsUnavailableError,
-                     TimeoutError)
-# A user's mistake: the same command fails the same way again.
-_USER_ERRORS = (ValueError, TypeError, placement.AddressError,
-                checkpoint_state.CheckpointError)
+
+
+def _retryable_errors():
+    """What towerlib raises when another task is gone or did not answer within its
+    bound: restarting every task fixes it. towerlib's classes only: a TimeoutError
+    of the user's own is not a lost peer."""
+    from towerlib.cluster import recovery, replica_watch
+    from towerlib.exchange.safety import PeerTimeoutError
+    return (replica_watch.ReplicaLostError, recovery.PsUnavailableError, PeerTimeoutError)
+
+
+def _user_errors():
+    """A user's mistake: the same command fails the same way again."""
+    from towerlib.cluster import placement
+    from towerlib.run import checkpoint_state
+    return (ValueError, TypeError, placement.AddressError, checkpoint_state.CheckpointError)
 
 
 def for_signal(signum):
@@ -68,16 +78,19 @@ def exit_status(error):
     138
     >>> exit_status(ValueError("--num_towers=0: ..."))
     2
+    >>> exit_status(TimeoutError("my own download timed out"))   # not towerlib's
+    1
     """
+    from towerlib.run import stopping
     if isinstance(error, SystemExit):
         return error.code if isinstance(error.code, int) else (error.code is not None)
     if isinstance(error, stopping.StopSignalReceived):
         return for_signal(error.signum)
     if isinstance(error, KeyboardInterrupt):
         return for_signal(signal.SIGINT)
-    if isinstance(error, _RETRYABLE_ERRORS):
+    if isinstance(error, _retryable_errors()):
         return RETRYABLE
-    if isinstance(error, _USER_ERRORS):
+    if isinstance(error, _user_errors()):
         return USER_ERROR
     return 1
 
@@ -120,6 +133,7 @@ def exit_by_meaning(main, task="this task", stderr=None):
       stderr: where the line goes (default sys.stderr).
     """
     stderr = stderr or sys.stderr
+    from towerlib.run import stopping
     try:
         result = main()
     except (Exception, KeyboardInterrupt, stopping.StopSignalReceived) as error:

@@ -11,6 +11,7 @@ import time
 
 import tensorflow as tf
 
+from towerlib.exchange.safety import PeerTimeoutError
 from towerlib.run import trainer as trainer_lib
 from towerlib.cluster import allreduce
 from towerlib.cluster import recovery
@@ -39,11 +40,11 @@ def wait_for_ps_tasks(cluster, timeout_secs=600.0, poll_secs=0.5):
     RunOptions or ConfigProto timeout reaches it), so replicas check first.
 
     Raises:
-      TimeoutError: naming the ps tasks still unreachable after timeout_secs.
+      PeerTimeoutError (a TimeoutError): naming the ps tasks still unreachable after timeout_secs.
     """
     def error(waiting):
         described = ", ".join(f"ps task {i} at {a}" for i, a in waiting.items())
-        return TimeoutError(
+        return PeerTimeoutError(
             f"{described} did not answer within {timeout_secs:.0f} s. Start "
             "it (--job_name=ps), or fix the ps addresses (--ps_hosts / TF_CONFIG).")
 
@@ -104,7 +105,7 @@ class ControlSession:
         30 s; this polls every `poll_secs`.
 
         Raises:
-          TimeoutError: when the chief has not initialized within timeout_secs.
+          PeerTimeoutError (a TimeoutError): when the chief has not initialized within timeout_secs.
         """
         started = time.time()
         deadline, next_report = started + timeout_secs, started + recovery.REPORT_EVERY_SECS
@@ -117,7 +118,7 @@ class ControlSession:
                 pass
             now = time.time()
             if now > deadline:
-                raise TimeoutError(
+                raise PeerTimeoutError(
                     f"The chief has not initialized the model after {timeout_secs:.0f} s. "
                     "Is the chief running, and can this task reach every ps task?")
             if now >= next_report:
@@ -262,7 +263,7 @@ def run_parameter_server(cluster, server=None, timeout_secs=None):
       timeout_secs: give up after this long (None: wait as long as it takes).
 
     Raises:
-      TimeoutError: when the replicas have not all finished in timeout_secs.
+      PeerTimeoutError (a TimeoutError): when the replicas have not all finished in timeout_secs.
     """
     check_cluster(cluster, "run_parameter_server")
     if not cluster.is_ps:
@@ -283,7 +284,7 @@ def run_parameter_server(cluster, server=None, timeout_secs=None):
                 try:
                     replica = session.run(dequeue, options=options)
                 except tf.errors.DeadlineExceededError as error:
-                    raise TimeoutError(
+                    raise PeerTimeoutError(
                         f"ps task {cluster.task_index}: only {done - 1} of "
                         f"{cluster.num_replicas} replicas finished within "
                         f"{timeout_secs} s.") from error

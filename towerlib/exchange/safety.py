@@ -32,6 +32,7 @@ from towerlib.internals import collective_ops, error_texts
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS", "CollectiveTimeoutError", "PartialFetchError",
+    "PeerTimeoutError",
     "bounded_session_config", "check_fetches", "explain_collective_errors",
     "graph_elements", "has_towerlib_collectives",
 ]
@@ -46,6 +47,13 @@ DEFAULT_TIMEOUT_SECONDS = 300.0
 
 class PartialFetchError(ValueError):
     """A session.run would run only some towers' halves of a collective."""
+
+
+class PeerTimeoutError(TimeoutError):
+    """towerlib waited for another task (a worker, a ps task, the chief) longer than
+    its bound: restarting every task fixes it (exit status 138, towerlib.cluster.exits).
+    A TimeoutError, so that code catching that keeps working; a user's own
+    TimeoutError is not one, and keeps its meaning."""
 
 
 class CollectiveTimeoutError(tf.errors.DeadlineExceededError):

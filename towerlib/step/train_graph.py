@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from towerlib.exchange.safety import PeerTimeoutError
 from towerlib.step.context import TowerContext
 from towerlib.step.options import check_ema_decay
 
@@ -93,7 +94,7 @@ class TrainGraph:
 
         Across workers (built with `workers=`) the chief's values are then
         broadcast to every worker, which waits for all of them: at most
-        `timeout_secs`, then TimeoutError naming the fix. Bound each training
+        `timeout_secs`, then PeerTimeoutError (a TimeoutError) naming the fix. Bound each training
         step in your own Session too: set `operation_timeout_in_ms` in its
         ConfigProto (a step waiting for a lost worker then raises
         DeadlineExceededError instead of waiting forever).
@@ -110,7 +111,7 @@ class TrainGraph:
             try:
                 session.run(self.broadcast_op, options=options)
             except tf.errors.DeadlineExceededError:
-                raise TimeoutError(
+                raise PeerTimeoutError(
                     f"initialize: the chief's broadcast to every worker did not complete "
                     f"within {timeout_secs:g} s: a worker of the group has not started or "
                     "has not called initialize. Fix: start every worker (each one "
