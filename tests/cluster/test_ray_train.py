@@ -8,7 +8,8 @@ fails, it raises WorkerLostError out of the training function, Ray counts the fa
 and, under FailureConfig(max_failures=1), restarts both workers in new processes with a
 new TF_CONFIG; they resume from checkpoint 8, the newest both have, and end at step 20
 with every variable bit-identical to the run that went through. After ray.shutdown()
-no process the cluster started is left.
+no process the cluster started is left. The cluster stays on loopback: its node
+address, which Ray Train writes into each worker's TF_CONFIG, is 127.0.0.1.
 
 Skipped when ray cannot be imported: it is in the test extra (`ray[train]`).
 """
@@ -101,11 +102,18 @@ def ray_cluster(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "1")   # the default; said, not assumed
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a cluster of its own, not a user's
+    # Loopback only: Ray takes the machine's interface address for its node (and so for
+    # each worker's TF_CONFIG, whose servers listen on every interface) and turns a
+    # _node_ip_address of 127.0.0.1 into that address too; with this variable off, its
+    # node address is 127.0.0.1 (ray._common.network_utils.get_localhost_ip).
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     seen = {}
     try:
         ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, _temp_dir=temp_dir,
                  configure_logging=False)
+        addresses = [node["NodeManagerAddress"] for node in ray.nodes()]
+        assert addresses == ["127.0.0.1"], f"the Ray node is not on loopback: {addresses}"
         yield SimpleNamespace(temp_dir=temp_dir, processes=seen)
     finally:
         seen.update(descendants())

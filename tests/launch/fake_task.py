@@ -12,6 +12,9 @@ S seconds later the task exits 128 + the first signal (a clean stop that saves).
 --bind listens on its own TF_CONFIG address as TensorFlow's server does
 (SO_REUSEPORT when TF_GRPC_REUSE_PORT=1); if it cannot, it prints the line
 towerlib.cluster.exit_by_meaning prints for an AddressError and exits 2.
+--probe_peers (with --bind): the record also says which cluster addresses it
+reached within 10 s ("reached"). Every record names the network interfaces the
+task sees ("interfaces").
 """
 
 import argparse
@@ -40,6 +43,22 @@ def bind_own_port(config):
     return sock
 
 
+def probe(config):
+    """The cluster's addresses this task could connect to (each tried for up to 10 s)."""
+    reached = []
+    for address in [a for job in config["cluster"].values() for a in job]:
+        host, _, port = address.rpartition(":")
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection((host, int(port)), timeout=1.0).close()
+                reached.append(address)
+                break
+            except OSError:
+                time.sleep(0.1)
+    return reached
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--record", required=True)
@@ -50,6 +69,7 @@ def main():
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ignore_term", action="store_true")
     parser.add_argument("--stop_secs", type=float, default=None)
+    parser.add_argument("--probe_peers", action="store_true")
     args = parser.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -66,7 +86,10 @@ def main():
         signal.signal(signal.SIGTERM, on_signal)
     restart = os.environ.get("TOWERLIB_LAUNCH_RESTART", "?")
     held = bind_own_port(config) if args.bind else None
-    record = {"pid": os.getpid(), "tf_config": config, "pgid": os.getpgid(0)}
+    record = {"pid": os.getpid(), "tf_config": config, "pgid": os.getpgid(0),
+              "interfaces": [name for _, name in socket.if_nameindex()]}
+    if args.probe_peers:
+        record["reached"] = probe(config)
     if args.grandchild:
         record["grandchild"] = subprocess.Popen(["sleep", "300"]).pid
     name = os.path.join(args.record, f"{job}-{index}-{restart}.json")

@@ -56,6 +56,15 @@ def test_hosts_may_carry_their_own_port_base():
     (dict(workers=1, hosts=("a", "b"), host_index=2), "--host_index 2 is not an index"),
     (dict(workers=2, hosts=("a",), port_base=65535), "port base 65535"),
     (dict(workers=1, hosts=("a:x",)), "--hosts: 'a:x' is not 'name' or 'name:port'"),
+    # A host name with a space (or other characters no host name has) is refused.
+    (dict(workers=1, hosts=("node 1", "b"), host_index=1),
+     "--hosts: 'node 1' is not 'name' or 'name:port'"),
+    (dict(workers=1, hosts=("no de:7000",)), "--hosts: 'no de:7000' is not"),
+    (dict(workers=1, hosts=("a;rm:7000",)), "--hosts: 'a;rm:7000' is not"),
+    # Thousands of task processes on one host is a typo, refused before any starts.
+    (dict(workers=3000), "--workers 3000 --ps 0: 3000 task processes on one host; at "
+                         "most 256"),
+    (dict(workers=200, ps=100), "300 task processes on one host"),
 ])
 def test_impossible_plans_are_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -95,6 +104,16 @@ def test_status_words():
     (["--workers", "1", "--max_restarts", "-1", "--", "python"], "--max_restarts -1"),
     (["--workers", "1", "--hosts", "a,b", "--", "python"], "--hosts and --host_index go"),
     (["--workers", "1", "--tasks", "ps:0", "--", "python"], "'ps:0' is not a task"),
+    # A grace of nan compares False with everything: it SIGKILLed every task at once.
+    (["--workers", "1", "--stop_grace_secs", "nan", "--", "python"],
+     "--stop_grace_secs nan: a number of seconds > 0 (and finite"),
+    (["--workers", "1", "--stop_grace_secs", "inf", "--", "python"], "--stop_grace_secs inf"),
+    (["--workers", "1", "--ps_grace_secs", "nan", "--", "python"], "--ps_grace_secs nan"),
+    # --port_base is a multi-host job's; one host's ports are chosen free.
+    (["--workers", "1", "--port_base", "3000", "--", "python"],
+     "--port_base 3000 without --hosts: a one-host job's ports are free ones"),
+    (["--workers", "1", "--hosts", "a b,c", "--host_index", "0", "--", "true"],
+     "--hosts: 'a b' is not 'name' or 'name:port'"),
 ])
 def test_bad_command_lines_are_one_line_and_status_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exited:

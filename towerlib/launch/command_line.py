@@ -7,13 +7,21 @@
 
 Everything after `--` is the task's command. The launcher's exit status is 0
 when every task ended 0, else the first failure's status (128 + s when the
-launcher was stopped by signal s). A wrong option is one line, status 2.
+launcher was stopped by signal s: SIGINT, SIGTERM, SIGHUP). A wrong option is
+one line, status 2.
+
+The tasks' TensorFlow servers listen on every interface with no authentication;
+the launcher says so in one line, and `--private_network` runs a one-host job
+in a network namespace of its own that has only loopback (launch.network).
+This module imports no TensorFlow: the first task starts at once.
 """
 
 import argparse
+import math
 import signal
 import sys
 
+from towerlib.launch import network
 from towerlib.launch import output as output_lib
 from towerlib.launch import plan as plan_lib
 from towerlib.launch import ports as ports_lib
@@ -22,7 +30,8 @@ from towerlib.launch import supervisor
 __all__ = ["main", "parse_args"]
 
 PROG = "towerlib-launch"
-_FORWARDED = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP (a closed terminal) is a stop like SIGTERM: forwarded, summarized, 129.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class UsageError(ValueError):
@@ -49,12 +58,17 @@ def _parser():
         help="every host of a multi-host job, the same on each host: name or name:port "
              "(that host's own port base)")
     add("--host_index", type=int, default=None, help="this host's index in --hosts")
-    add("--port_base", type=int, default=2222,
-        help="multi-host: worker i of a host listens on port_base + i")
+    add("--port_base", type=int, default=None,
+        help="multi-host (with --hosts): worker i of a host listens on port_base + i "
+             f"(default {plan_lib.DEFAULT_PORT_BASE})")
     add("--stop_grace_secs", type=float, default=10.0,
         help="how long a task may take to exit after SIGTERM before SIGKILL")
     add("--ps_grace_secs", type=float, default=30.0,
         help="how long ps tasks may take to end after the workers are done")
+    add("--private_network", action="store_true",
+        help="one host: run the tasks in a network namespace with loopback only, so "
+             "that no other host reaches their servers (the tasks have no outside "
+             "network then)")
     return parser
 
 
@@ -72,15 +86,26 @@ def parse_args(argv):
         raise UsageError("no command after --, e.g. -- python train.py")
     if options.max_restarts < 0:
         raise UsageError(f"--max_restarts {options.max_restarts}: 0 or more.")
-    if options.stop_grace_secs <= 0 or options.ps_grace_secs <= 0:
-        raise UsageError("--stop_grace_secs and --ps_grace_secs are seconds > 0.")
+    for name in ("stop_grace_secs", "ps_grace_secs"):
+        value = getattr(options, name)
+        if not (math.isfinite(value) and value > 0):   # nan compares False to all
+            raise UsageError(f"--{name} {value}: a number of seconds > 0 (and finite: "
+                             "every wait of the launcher has a bound).")
     hosts = tuple(host.strip() for host in options.hosts.split(",") if host.strip())
     if bool(hosts) != (options.host_index is not None):
         raise UsageError("--hosts and --host_index go together: the host list, the "
                          "same on every host, and this host's index in it.")
+    if options.port_base is not None and not hosts:
+        raise UsageError(f"--port_base {options.port_base} without --hosts: a one-host "
+                         "job's ports are free ones the launcher chooses. Fix: drop "
+                         "--port_base, or give --hosts and --host_index.")
+    if options.private_network and hosts:
+        raise UsageError("--private_network with --hosts: a private network has only "
+                         "loopback, so other hosts cannot join. Fix: drop one of them.")
     try:
-        plan = plan_lib.JobPlan(options.workers, options.ps, hosts,
-                                options.host_index or 0, options.port_base)
+        plan = plan_lib.JobPlan(
+            options.workers, options.ps, hosts, options.host_index or 0,
+            plan_lib.DEFAULT_PORT_BASE if options.port_base is None else options.port_base)
         if options.tasks:
             options.tasks = plan_lib.parse_task_list(options.tasks, plan)
     except ValueError as error:
@@ -99,11 +124,18 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         options, plan, command = parse_args(argv)
+        if options.private_network:
+            network.enter_private_network()   # before any thread or task starts
         if plan.multi_host:
             ports_lib.check_free(plan.fixed_ports(), "this host's, from --port_base or --hosts")
-    except (UsageError, ports_lib.PortTakenError) as error:
+    except (UsageError, ports_lib.PortTakenError, network.PrivateNetworkError) as error:
         _usage_exit(str(error))
     output = output_lib.Output(shown=options.tasks or None)
+    if options.private_network:
+        output.note("the tasks run in a private network namespace: loopback only, "
+                    "unreachable from other hosts, and without outside network.")
+    else:
+        output.note(network.exposure_note(plan))
     launcher = supervisor.Launcher(
         command, plan, output, max_restarts=options.max_restarts,
         stop_grace_secs=options.stop_grace_secs, ps_grace_secs=options.ps_grace_secs)

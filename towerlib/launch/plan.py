@@ -14,11 +14,18 @@ chief: no 'chief' job is written) and 'ps' when there are ps tasks.
 
 import dataclasses
 import json
+import re
 
 __all__ = ["JobPlan", "Task", "parse_task_list", "tf_config"]
 
 WORKER = "worker"   # towerlib.cluster.spec's WORKER_JOB and PS_JOB, spelled here so
 PS = "ps"           # that a plan needs no TensorFlow
+DEFAULT_PORT_BASE = 2222
+# Tasks one host may run: each is a process with its own server and, for
+# towerlib's scripts, its own TensorFlow (hundreds of MB). Far more is a typo.
+MAX_LOCAL_TASKS = 256
+# A host name (letters, digits, '.', '-', '_') or an IPv6 literal in brackets.
+_HOST_NAME = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -56,13 +63,18 @@ class JobPlan:
     ps: int = 0
     hosts: tuple = ()
     host_index: int = 0
-    port_base: int = 2222
+    port_base: int = DEFAULT_PORT_BASE
 
     def __post_init__(self):
         if self.workers < 1:
             raise ValueError(f"--workers {self.workers}: a job needs at least 1 worker.")
         if self.ps < 0:
             raise ValueError(f"--ps {self.ps}: the number of ps tasks is 0 or more.")
+        if self.workers + self.ps > MAX_LOCAL_TASKS:
+            raise ValueError(
+                f"--workers {self.workers} --ps {self.ps}: {self.workers + self.ps} task "
+                f"processes on one host; at most {MAX_LOCAL_TASKS}. Fix: fewer tasks (each "
+                "uses every GPU or CPU device it is given), or spread them with --hosts.")
         if self.hosts and self.ps:
             raise ValueError("--ps with --hosts: the launcher runs ps tasks on one machine "
                              "only. Fix: drop --hosts, or all-reduce without --ps.")
@@ -82,8 +94,9 @@ class JobPlan:
             name, sep, port = host.rpartition(":")
             if not sep or "]" in port:   # no port (an IPv6 literal's colons aside)
                 name, port = host, str(self.port_base)
-            if not name or not port.isdigit():
-                raise ValueError(f"--hosts: {host!r} is not 'name' or 'name:port'.")
+            if not _HOST_NAME.fullmatch(name) or not port.isdigit():
+                raise ValueError(f"--hosts: {host!r} is not 'name' or 'name:port' (a host "
+                                 "name of letters, digits, '.', '-', '_', or [IPv6]).")
             pairs.append((name, int(port)))
         return pairs
 
