@@ -6,8 +6,9 @@
 Each task gets its TF_CONFIG (worker 0 is the chief; ps tasks for the
 parameter-server layout), which towerlib.cluster.resolve_cluster reads, on
 ports the launcher holds until the task binds them. Every output line is
-prefixed with its task. SIGINT and SIGTERM are forwarded to every task; no
-task process outlives the launcher. A task that exits with a status of
+prefixed with its task. SIGINT and SIGTERM are forwarded to every task
+(SIGHUP, a closed terminal, as SIGTERM); no process a task started outlives
+the launcher, even a SIGKILLed one. A task that exits with a status of
 towerlib.cluster.RESTART_STATUSES (138 a lost peer, 137, 143) stops every
 other task, and the whole job restarts on new ports, up to --max_restarts;
 the scripts resume from their newest checkpoint (each task's
@@ -15,13 +16,20 @@ TOWERLIB_LAUNCH_RESTART says which restart it belongs to). The last line is a su
 naming each attempt's first failure; the launcher's status is 0 on success,
 else the first failure's.
 
+TensorFlow's servers listen on every interface, unauthenticated: the launcher
+says so in one line, and --private_network keeps a one-host job on loopback.
+Nothing here imports TensorFlow: the first task starts at once.
+
 Modules: `command_line` the command line, `plan` the tasks and their TF_CONFIG,
-`ports` held free ports, `children` the task processes, `output` prefixed
+`ports` held free ports, `children` the task processes, `reaper` their
+sessions' processes, `network` who can reach the servers, `output` prefixed
 lines, `statuses` what an exit status means, `supervisor` the attempts.
 """
 
 from towerlib.launch.children import Child, signal_child, start_child, stop_children
 from towerlib.launch.command_line import main, parse_args
+from towerlib.launch.network import (PrivateNetworkError, enter_private_network,
+                                     exposure_note)
 from towerlib.launch.output import Output
 from towerlib.launch.plan import JobPlan, Task, parse_task_list, tf_config
 from towerlib.launch.ports import (
@@ -37,6 +45,7 @@ from towerlib.launch.statuses import (
     is_restartable,
     shell_status,
 )
+from towerlib.launch.reaper import Watchdog, kill_session, session_members
 from towerlib.launch.supervisor import RESTART_VARIABLE, Failure, JobResult, Launcher
 
 __all__ = [
@@ -48,6 +57,9 @@ __all__ = [
     "REUSE_PORT_VARIABLE", "HeldPorts", "PortTakenError", "check_free", "hold_free_ports",
     # the task processes and their output
     "Child", "Output", "signal_child", "start_child", "stop_children",
+    "Watchdog", "kill_session", "session_members",
+    # who can reach the tasks' servers
+    "PrivateNetworkError", "enter_private_network", "exposure_note",
     # what a status means
     "describe_status", "is_address_error", "is_restartable", "shell_status",
     # the attempts and restarts

@@ -1,12 +1,19 @@
-"""The task processes: started in their own process groups, signalled and always stopped.
+"""The task processes: started in their own sessions, signalled and always stopped.
 
 Each task runs in a new session (its own process group, away from the
 terminal's), so a signal to the group reaches whatever the task started too,
 and Ctrl-C reaches the launcher alone, which forwards it. Each task also gets
-PR_SET_PDEATHSIG = SIGKILL: if the launcher itself is SIGKILLed (the one path
-it cannot act on), the kernel kills its tasks. `stop_children` is the one way
-an attempt ends: the signal, a bounded grace, then SIGKILL to every group,
-exited tasks' groups included (a task's own children may outlive it).
+PR_SET_PDEATHSIG = SIGKILL, and the launcher's reaper.Watchdog kills the rest
+of its session: if the launcher itself is SIGKILLed (the one path it cannot
+act on), nothing the task started survives it. `stop_children` is the one way
+an attempt ends: the signal, a bounded grace, then SIGKILL to every process of
+every task's session, exited tasks' included (a task's own children may
+outlive it).
+
+A stopped task (SIGSTOP, SIGTSTP) cannot act on SIGTERM until it runs again,
+so every stop signal is followed by SIGCONT: a stopped task then stops as the
+others do, saving first, within the same grace, instead of waiting out the
+grace and being SIGKILLed.
 """
 
 import ctypes
@@ -16,7 +23,7 @@ import signal
 import subprocess
 import time
 
-from towerlib.launch import statuses
+from towerlib.launch import reaper, statuses
 
 __all__ = ["Child", "signal_child", "start_child", "stop_children"]
 
@@ -74,18 +81,21 @@ def start_child(task, command, env, output):
 
 
 def signal_child(child, signum):
-    """Sends `signum` to `child`'s whole process group; a group already gone is fine."""
-    try:
-        os.killpg(child.pid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Sends `signum` to `child`'s whole process group, then SIGCONT unless it is
+    SIGKILL (a stopped task acts on it at once); a group already gone is fine."""
+    for sent in (signum,) if signum == signal.SIGKILL else (signum, signal.SIGCONT):
+        try:
+            os.killpg(child.pid, sent)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
-def stop_children(children, grace_secs, signum=signal.SIGTERM):
+def stop_children(children, grace_secs, signum=signal.SIGTERM, watchdog=None):
     """Stops every child: `signum` to those still running (None: they were signalled
     already, and towerlib's scripts take a second signal as 'stop now, unsaved'), up
-    to `grace_secs` for them to exit, then SIGKILL to every group; reaps each.
-    Bounded: returns within grace_secs + a few seconds whatever the children do."""
+    to `grace_secs` for them to exit, then SIGKILL to every process of every child's
+    session; reaps each, and tells `watchdog` (a reaper.Watchdog) which sessions are
+    empty. Bounded: returns within grace_secs + a few seconds whatever they do."""
     for child in children:
         if signum is not None and child.status() is None:
             signal_child(child, signum)
@@ -100,5 +110,8 @@ def stop_children(children, grace_secs, signum=signal.SIGTERM):
             child.process.wait(timeout=5.0)
         except subprocess.TimeoutExpired:   # unkillable (in the kernel): not ours to fix
             pass
+    for child in children:
+        if reaper.kill_session(child.pid) and watchdog is not None:
+            watchdog.closed(child.pid)
     for child in children:
         child.join_readers(timeout_secs=1.0)

@@ -8,9 +8,13 @@ watch them. It ends when
   - a task exited non-zero (a ps task too): the first failure. Tasks seen
     ending in the same poll are ranked so that the cause is named rather than
     its echo (a peer's 138 after a SIGKILL);
-  - the launcher got SIGINT or SIGTERM: forwarded at once to every task.
+  - the launcher got SIGINT, SIGTERM or SIGHUP: forwarded at once to every
+    task (SIGHUP as SIGTERM: a closed terminal is a stop, and a task saves on
+    SIGTERM; few tasks handle SIGHUP); the launcher's status is 128 + the
+    signal it got (129 for SIGHUP).
 Every attempt ends through children.stop_children (SIGTERM, a grace, SIGKILL
-to every process group), whatever path it takes, exceptions included.
+to every process of every task's session), whatever path it takes, exceptions
+included; a reaper.Watchdog does the same if the launcher dies.
 
 Then: a status in RESTART_STATUSES restarts every task on new ports, up to
 max_restarts; an AddressError (a port taken despite the hold) retries on new
@@ -25,7 +29,7 @@ import time
 from towerlib.launch import children as children_lib
 from towerlib.launch import plan as plan_lib
 from towerlib.launch import ports as ports_lib
-from towerlib.launch import statuses
+from towerlib.launch import reaper, statuses
 
 __all__ = ["Failure", "JobResult", "Launcher", "RESTART_VARIABLE"]
 
@@ -97,17 +101,26 @@ class Launcher:
         self.children = []
         self.signal = 0
         self.failed_at = None   # monotonic time of the newest failure seen
+        self.watchdog = None
 
     def forward_signal(self, signum):
-        """From a signal handler: stop the job, forwarding `signum` to every task.
-        A second signal SIGKILLs every task at once."""
-        signum = signal.SIGKILL if self.signal else signum
+        """From a signal handler: stop the job, forwarding `signum` to every task
+        (SIGHUP as SIGTERM). A second signal SIGKILLs every task at once."""
+        sent = signal.SIGKILL if self.signal else \
+            signal.SIGTERM if signum == signal.SIGHUP else signum
         self.signal = self.signal or signum
         for child in list(self.children):
-            children_lib.signal_child(child, signum)
+            children_lib.signal_child(child, sent)
 
     def run(self):
         """Runs the job to its end; returns a JobResult (its status is the launcher's)."""
+        self.watchdog = reaper.Watchdog()
+        try:
+            return self._run()
+        finally:
+            self.watchdog.close()
+
+    def _run(self):
         result = JobResult()
         port_retries = attempt = 0
         while True:
@@ -157,7 +170,8 @@ class Launcher:
                 return None if self.signal else self._watch(attempt)
             finally:   # a signal to the launcher was forwarded: no second one
                 children_lib.stop_children(self.children, self.stop_grace_secs,
-                                           None if self.signal else signal.SIGTERM)
+                                           None if self.signal else signal.SIGTERM,
+                                           watchdog=self.watchdog)
 
     def _started(self):
         return ", ".join(f"{child.task.name} (pid {child.pid})" for child in self.children)
@@ -168,7 +182,9 @@ class Launcher:
         env[ports_lib.REUSE_PORT_VARIABLE] = "1"
         env[RESTART_VARIABLE] = str(restarts)
         env.setdefault("PYTHONUNBUFFERED", "1")   # a Python task's lines as they come
-        return children_lib.start_child(task, self.command, env, self.output)
+        child = children_lib.start_child(task, self.command, env, self.output)
+        self.watchdog.opened(child.pid)   # its session: the task's pid
+        return child
 
     def _watch(self, attempt):
         """Polls the tasks until the attempt's end (module text); bounded by the tasks."""
