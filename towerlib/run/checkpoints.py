@@ -52,6 +52,7 @@ import re
 import tensorflow as tf
 
 from towerlib.run import durable_files
+from towerlib.run import folder_lock
 from towerlib.run.checkpoint_state import (DEFAULT_BASENAME, SAVING_DIRNAME, STATE_FILENAME,
                                        CheckpointError, checkpoint_files, checkpoint_problem,
                                        checkpoint_step, data_shard_prefix,
@@ -126,11 +127,13 @@ def remove_leftovers(train_dir):
     `*.tmp<32 hex>` and a `<prefix>_temp` folder of a sharded save's parts.
     A user's file of a similar name (a data shard without an index that no
     journal names, `checkpoint.tmp_notes`) stays. Only the chief, the one
-    writer, may call this.
+    writer, may call this. A `.saving` (or other control entry) that is a
+    symbolic link is refused (folder_lock.LinkedEntryError), never followed.
     """
     removed = []
     if not tf.io.gfile.isdir(train_dir):
         return removed
+    folder_lock.refuse_linked_entries(train_dir)
     for prefix in _journaled_prefixes(train_dir):
         if not tf.io.gfile.exists(prefix + ".index"):
             for path in checkpoint_files(prefix):
@@ -291,7 +294,7 @@ class CheckpointWriter:
         except BaseException:
             # A full disk, say: the partial files go now, not at the next start.
             staging = os.path.join(self.train_dir, SAVING_DIRNAME)
-            if tf.io.gfile.exists(staging):
+            if tf.io.gfile.exists(staging) and not os.path.islink(staging):
                 tf.io.gfile.rmtree(staging)
             raise
         kept = [p for p in self.kept if p != final] + [final]
@@ -312,6 +315,7 @@ class CheckpointWriter:
             durable_files.remove_file(path)
 
     def _stage(self, session, step):
+        folder_lock.refuse_linked_entries(self.train_dir)   # a link made during the run
         staging = os.path.join(self.train_dir, SAVING_DIRNAME)
         tf.io.gfile.makedirs(staging)
         staged = os.path.join(staging, f"{self.basename}-{int(step)}")

@@ -60,13 +60,18 @@ def atomic_write_text(path, text):
 
     The text goes to a temporary file in the same directory, which is fsynced
     and then renamed over `path`; the directory is fsynced after the rename.
-    A failure at any point (a full disk, say) removes the temporary file.
+    A failure at any point (a full disk, say) removes the temporary file. The
+    temporary is created exclusively and never through a link (O_EXCL,
+    O_NOFOLLOW), and the rename replaces a link at `path` rather than its
+    target.
     """
     directory = os.path.dirname(path) or "."
     temporary = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
         if is_local(path):
-            with open(temporary, "w", encoding="utf-8") as handle:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                         | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())

@@ -8,8 +8,16 @@ naming the folder and that pid. The kernel releases the lock when the
 process ends, however it ends (a SIGKILL too), so a dead trainer never
 leaves the folder held; the file itself stays, harmless. Remote folders
 (gs://, s3://) and systems without fcntl are not locked.
+
+towerlib never writes or deletes through a link it did not create: a run
+folder whose control entries (the lock file, the `.saving` staging folder,
+the `checkpoint` state file) are symbolic links is refused in one line
+(`refuse_linked_entries`), and the lock file is opened with O_NOFOLLOW (and
+created with O_EXCL), so a link planted there cannot make towerlib write
+into a user's file or empty a user's folder.
 """
 
+import errno
 import os
 import socket
 
@@ -18,16 +26,61 @@ try:
 except ImportError:  # not POSIX
     fcntl = None
 
-from towerlib.run.checkpoint_state import CheckpointError
+from towerlib.run.checkpoint_state import SAVING_DIRNAME, STATE_FILENAME, CheckpointError
 from towerlib.run import durable_files
 
 LOCK_FILENAME = ".towerlib-lock"
+# The entries of a run folder that towerlib writes, replaces or deletes by name.
+CONTROL_ENTRIES = (LOCK_FILENAME, SAVING_DIRNAME, STATE_FILENAME)
 
-__all__ = ["LOCK_FILENAME", "FolderLock", "TrainDirInUseError", "hold"]
+__all__ = ["CONTROL_ENTRIES", "LOCK_FILENAME", "FolderLock", "LinkedEntryError",
+           "TrainDirInUseError", "hold", "refuse_linked_entries"]
 
 
 class TrainDirInUseError(CheckpointError):
     """Another process holds train_dir (it trains into it)."""
+
+
+class LinkedEntryError(CheckpointError):
+    """A control entry of train_dir is a symbolic link, which towerlib will not follow."""
+
+
+def _linked_error(train_dir, names):
+    links = ", ".join(f"{name} -> {os.readlink(os.path.join(train_dir, name))}"
+                      if os.path.islink(os.path.join(train_dir, name)) else name
+                      for name in names)
+    return LinkedEntryError(
+        f"{train_dir}: {links} is a symbolic link, and towerlib writes and deletes "
+        f"{', '.join(names)} itself, never through a link (it would overwrite or empty "
+        "what the link points at). Fix: remove the link (its target is left as it is), "
+        "or train into another train_dir.")
+
+
+def refuse_linked_entries(train_dir):
+    """Raises LinkedEntryError (one line) when a CONTROL_ENTRIES name in train_dir is a
+    symbolic link; a no-op for remote folders (gs://, s3://), which have no links."""
+    train_dir = str(train_dir)
+    if not durable_files.is_local(train_dir):
+        return
+    linked = [name for name in CONTROL_ENTRIES
+              if os.path.islink(os.path.join(train_dir, name))]
+    if linked:
+        raise _linked_error(train_dir, linked)
+
+
+def _open_lock_file(train_dir, path):
+    """The lock file, created exclusively or opened as it is, never through a link."""
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:   # a dead trainer's: harmless, reused
+            fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:   # a link planted after refuse_linked_entries
+            raise _linked_error(train_dir, [LOCK_FILENAME]) from None
+        raise
+    return os.fdopen(fd, "r+", encoding="utf-8")
 
 
 class FolderLock:
@@ -55,12 +108,14 @@ def hold(train_dir):
 
     Raises:
       TrainDirInUseError: another process holds it (its pid named if known).
+      LinkedEntryError: a control entry of train_dir is a symbolic link.
     """
     train_dir = str(train_dir)
+    refuse_linked_entries(train_dir)
     if fcntl is None or not durable_files.is_local(train_dir):
         return FolderLock()
     path = os.path.join(train_dir, LOCK_FILENAME)
-    handle = open(path, "a+", encoding="utf-8")  # pylint: disable=consider-using-with
+    handle = _open_lock_file(train_dir, path)
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
