@@ -325,13 +325,14 @@ def main():
     flags = options.FLAGS
     check_eval_flags(flags)
     eval_dir = summary_dir(flags.train_dir, flags.eval_dir)
-    if flags.continuous:
-        evaluate_continuously(flags.train_dir, flags.data_dir or None, flags.eval_batch_size,
-                              eval_dir, flags.eval_interval_secs, flags.eval_timeout_secs,
-                              num_towers=flags.num_towers)
-    else:
-        evaluate_latest(flags.train_dir, flags.data_dir or None, flags.eval_batch_size,
-                        eval_dir, num_towers=flags.num_towers)
+    with run_folder.claiming(flags.train_dir):   # its events in <train_dir>/eval: the run's
+        if flags.continuous:
+            evaluate_continuously(flags.train_dir, flags.data_dir or None,
+                                  flags.eval_batch_size, eval_dir, flags.eval_interval_secs,
+                                  flags.eval_timeout_secs, num_towers=flags.num_towers)
+        else:
+            evaluate_latest(flags.train_dir, flags.data_dir or None, flags.eval_batch_size,
+                            eval_dir, num_towers=flags.num_towers)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
   through the ps tasks, and runs it with towerlib.cluster.
 """
 
+import contextlib
 import logging
 import time
 
@@ -140,7 +141,10 @@ def train(args, defaults=None, cluster=None, startup_timeout_secs=600.0):
             run_folder.record(flags, plan.data_dir, plan.max_steps)
 
     started = time.time()
-    with run_errors.one_line_errors(flags.train_dir):
+    # The chief, the run folder's one writer, records the events and traces this life wrote.
+    claiming = run_folder.claiming(flags.train_dir) if plan.is_chief else \
+        contextlib.nullcontext()
+    with run_errors.one_line_errors(flags.train_dir), claiming:
         if cluster is None:
             result = lesson.train(plan, before_run=record_run)
         else:

@@ -10,8 +10,15 @@
 - Only then is train_config.json written (`record`, atomically). `start_over` removes
   exactly what a run wrote (by name), in a folder holding a run record only: never a
   user's files, and not while another trainer holds the folder.
+- The event files and traces a run writes have names a user's file can have too
+  (`events.out.tfevents.mine`), so no pattern decides they are the run's: each life of
+  the run (train, eval) records in .train_files.json the exact names that appeared while
+  it ran (`claiming`), and `start_over` deletes those and no other. A life killed before
+  its end records nothing: its events stay, and so do those of runs recorded before this
+  record existed (delete them by hand).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +37,7 @@ from towerlib.run import folder_lock
 logger = logging.getLogger("cifar10")
 
 CONFIG_FILE = "train_config.json"
+RUN_FILES = ".train_files.json"   # the exact names of the events and traces the run wrote
 # Flags that belong to one life of a run, not to the run: never recorded.
 NOT_RECORDED = ("overwrite_train_dir", "trace_steps")
 RECORDED = tuple(n for n in options.TRAIN_FLAG_NAMES if n not in NOT_RECORDED)
@@ -142,14 +150,7 @@ def record(flags, data_dir: str, max_steps: int) -> str:
     values.update(data_dir="" if data_source.is_generated_dir(data_dir, flags.train_dir)
                   else data_dir, max_steps=max_steps)
     os.makedirs(flags.train_dir, exist_ok=True)
-    path = os.path.join(flags.train_dir, CONFIG_FILE)
-    handle, staging = tempfile.mkstemp(dir=flags.train_dir, prefix="." + CONFIG_FILE)
-    with os.fdopen(handle, "w") as f:
-        json.dump(values, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(staging, path)
-    return path
+    return _write_json(flags.train_dir, CONFIG_FILE, values)
 
 
 def restorable_checkpoint(train_dir: str) -> Optional[str]:
@@ -195,19 +196,74 @@ def check_checkpoint_fits_graph(checkpoint: Optional[str], train_dir: str) -> No
             % (checkpoint, train_dir, "; ".join(problems)))
 
 
-# The names a run of ours writes at the top of its folder, and in its eval/ and traces/.
+# The names a run of ours writes at the top of its folder that it also reads back (its
+# checkpoints, their state, its records' temporaries): the run's by their format.
 _RUN_FILE = re.compile(
     r"^(model\.ckpt-\d+\.(index|meta|data-\d{5}-of-\d{5})|checkpoint|checkpoint\.tmp-[0-9a-f]{32}"
-    r"|events\.out\.tfevents\..+|\.train_config\.json\w+)$")
-_SUBFOLDER_FILE = {"eval": re.compile(r"^events\.out\.tfevents\..+$"),
-                   "traces": re.compile(r"^trace_step_\d+\.(json|png)$")}
+    r"|\.train_(config|files)\.json\w+)$")
+# What a life of the run may write that nothing reads back, by folder: TensorFlow's event
+# files (events.out.tfevents.<seconds, 10 digits>.<host>[suffix]) and the traces. Only
+# the names a life recorded (`claiming`) are the run's.
+_EVENTS = re.compile(r"^events\.out\.tfevents\.\d{10,}\..+$")
+_CLAIMABLE = {"": _EVENTS, "eval": _EVENTS,
+              "traces": re.compile(r"^trace_step_\d+\.(json|png)$")}
 STARTING_OVER = "." + CONFIG_FILE + ".start_over"  # the record, while start_over runs
 
 
+def _claimable(train_dir: str) -> set:
+    """The names (relative to train_dir) of the files there a life of the run may write."""
+    found = set()
+    for folder, pattern in _CLAIMABLE.items():
+        path = os.path.join(train_dir, folder)
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        found.update(os.path.join(folder, name) for name in os.listdir(path)
+                     if pattern.match(name) and os.path.isfile(os.path.join(path, name))
+                     and not os.path.islink(os.path.join(path, name)))
+    return found
+
+
+def written_files(train_dir: str) -> set:
+    """The exact names the run's lives recorded as theirs (RUN_FILES); empty if none."""
+    try:
+        with open(os.path.join(train_dir, RUN_FILES)) as f:
+            names = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    return {n for n in names if isinstance(n, str) and ".." not in n.split(os.sep)}
+
+
+def _write_json(train_dir: str, name: str, value) -> str:
+    """train_dir/name holding `value`, written atomically (fsynced, renamed into place)."""
+    path = os.path.join(train_dir, name)
+    handle, staging = tempfile.mkstemp(dir=train_dir, prefix="." + name.lstrip("."))
+    with os.fdopen(handle, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, path)
+    return path
+
+
+@contextlib.contextmanager
+def claiming(train_dir: str):
+    """Records, in train_dir/RUN_FILES, the event files and traces that appear in train_dir
+    while the block runs: one life of the run (a training, an evaluation) wrote them.
+    A file that was there before the block is never the run's, whatever its name."""
+    before = _claimable(train_dir) if os.path.isdir(train_dir) else set()
+    try:
+        yield
+    finally:
+        new = _claimable(train_dir) - before if os.path.isdir(train_dir) else set()
+        if new:
+            _write_json(train_dir, RUN_FILES, sorted(written_files(train_dir) | new))
+
+
 def _run_paths(train_dir: str) -> List[str]:
-    """The paths in train_dir that a run of ours wrote: its checkpoints, state, events,
-    staging folder, eval/ events, traces/ and the exports of export.py (a folder
-    <step>/ that holds a SavedModel and nothing else); nothing of another origin."""
+    """The paths in train_dir that a run of ours wrote: its checkpoints, state, staging
+    folder, the events and traces its lives recorded (`claiming`), that record, and the
+    exports of export.py (a folder <step>/ that holds a SavedModel and nothing else);
+    nothing of another origin."""
     from examples.cifar10 import export  # imports this module
 
     def ours(name):  # a checkpoint's data or .meta only beside its index
@@ -217,11 +273,11 @@ def _run_paths(train_dir: str) -> List[str]:
 
     found = [n for n in os.listdir(train_dir) if ours(n)]
     found += [n for n in (towerlib.run.checkpoints.SAVING_DIRNAME,)
-              if os.path.isdir(os.path.join(train_dir, n))]
-    for folder, pattern in _SUBFOLDER_FILE.items():
-        path = os.path.join(train_dir, folder)
-        if os.path.isdir(path):
-            found += [os.path.join(folder, n) for n in os.listdir(path) if pattern.match(n)]
+              if os.path.isdir(os.path.join(train_dir, n))
+              and not os.path.islink(os.path.join(train_dir, n))]
+    found += sorted(written_files(train_dir) & _claimable(train_dir))
+    if os.path.isfile(os.path.join(train_dir, RUN_FILES)):
+        found.append(RUN_FILES)
     exports = os.path.join(train_dir, "export")
     if os.path.isdir(exports):
         found += [os.path.join("export", n) for n in os.listdir(exports)
@@ -279,5 +335,6 @@ def start_over(train_dir: str) -> List[str]:
     return names
 
 
-__all__ = ["CONFIG_FILE", "check_checkpoint_fits_graph", "checkpoint_step", "load",
-           "record", "resolve_flags", "restorable_checkpoint", "start_over", "towerlib"]
+__all__ = ["CONFIG_FILE", "RUN_FILES", "check_checkpoint_fits_graph", "checkpoint_step",
+           "claiming", "load", "record", "resolve_flags", "restorable_checkpoint",
+           "start_over", "towerlib", "written_files"]

@@ -265,20 +265,56 @@ def test_overwrite_refuses_a_folder_that_was_never_a_run(tmp_path):
     _all_intact(str(tmp_path), USER_FILES)
 
 
+# Event files and traces a life of the run writes (recorded by run_folder.claiming).
+RUN_EVENTS = ["events.out.tfevents.1795850000.host", "eval/events.out.tfevents.1795850001.host",
+              "traces/trace_step_5.json"]
+# A user's files of the same formats, there before the run's life began.
+USER_EVENTS = ["events.out.tfevents.mine", "events.out.tfevents.1700000000.otherhost",
+               "eval/events.out.tfevents.1700000001.otherhost", "traces/trace_step_1.png"]
+
+
 def test_overwrite_of_a_run_removes_only_what_the_run_wrote(tmp_path):
     ours = [run_folder.CONFIG_FILE, "checkpoint", "model.ckpt-8.index", "model.ckpt-8.meta",
-            "model.ckpt-8.data-00000-of-00001", "events.out.tfevents.1.host",
-            "eval/events.out.tfevents.2.host", "traces/trace_step_5.json",
+            "model.ckpt-8.data-00000-of-00001",
             "export/8/saved_model.pb", "export/8/variables/variables.index",
             ".saving/model.ckpt-9.index", "checkpoint.tmp-" + "ab" * 16]
-    _write(str(tmp_path), ours + USER_FILES)
+    _write(str(tmp_path), ours + USER_FILES + USER_EVENTS)
     _write(str(tmp_path), ["generated_data/cifar-10-batches-bin/data_batch_1.bin"])
+    with run_folder.claiming(str(tmp_path)):   # one life of the run
+        _write(str(tmp_path), RUN_EVENTS)
+    assert run_folder.written_files(str(tmp_path)) == set(RUN_EVENTS)
     run_folder.start_over(str(tmp_path))
-    for name in ours:
+    for name in ours + RUN_EVENTS + [run_folder.RUN_FILES]:
         assert not os.path.exists(os.path.join(tmp_path, name)), name
     assert not os.path.exists(os.path.join(tmp_path, "export", "8"))
-    _all_intact(str(tmp_path), USER_FILES
+    _all_intact(str(tmp_path), USER_FILES + USER_EVENTS
                 + ["generated_data/cifar-10-batches-bin/data_batch_1.bin"])
+
+
+def test_an_event_file_the_run_did_not_record_is_never_deleted(tmp_path):
+    """A name that fits TensorFlow's format is not enough: only a life's record counts.
+    (A user's events.out.tfevents.mine, kept with six other files, was deleted.)"""
+    _write(str(tmp_path), [run_folder.CONFIG_FILE, "model.ckpt-8.index"])
+    _write(str(tmp_path), USER_EVENTS + USER_FILES[:6])
+    with run_folder.claiming(str(tmp_path)):
+        _write(str(tmp_path), RUN_EVENTS[:1])
+    _write(str(tmp_path), ["events.out.tfevents.1795850009.host"])   # after that life
+    deleted = run_folder.start_over(str(tmp_path))
+    assert RUN_EVENTS[0] in deleted and "events.out.tfevents.1795850009.host" not in deleted
+    _all_intact(str(tmp_path), USER_EVENTS + USER_FILES[:6]
+                + ["events.out.tfevents.1795850009.host"])
+
+
+@pytest.mark.slow  # trains the example
+def test_overwrite_of_a_trained_run_keeps_a_users_event_files(run_copy, data_sets):
+    run_events = run_folder.written_files(run_copy)
+    assert any(name.startswith("events.out.tfevents.") for name in run_events), run_events
+    _write(run_copy, USER_EVENTS + USER_FILES[:6])
+    job.train(tiny_config(run_copy, data_sets[0], max_steps=2, overwrite_train_dir=True))
+    assert not any(os.path.exists(os.path.join(run_copy, n)) for n in run_events)
+    _all_intact(run_copy, USER_EVENTS + USER_FILES[:6])
+    assert run_folder.written_files(run_copy) and \
+        not run_folder.written_files(run_copy) & run_events   # the new life's, recorded
 
 
 def test_overwrite_of_an_empty_or_missing_folder_is_nothing(tmp_path):
