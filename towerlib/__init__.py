@@ -20,59 +20,67 @@ The packages, by concern:
   internals/  every TensorFlow internal towerlib relies on, one module each
   layers      conv2d, dense, pooling... on tf.compat.v1.get_variable
 
-`import towerlib` itself imports nothing heavy: each name below is imported
-(with TensorFlow) the first time it is used, so towerlib-launch, which needs
-no TensorFlow, starts its first task at once.
+`import towerlib` imports nothing heavy: each public name is imported (with
+TensorFlow) the first time it is used (PEP 562), so towerlib-launch, which
+needs no TensorFlow, starts its first task at once. The imports below, under
+TYPE_CHECKING, are the one list of those names: type checkers, IDEs and the
+API reference read them as written, and `_lazy_loader` reads them to import
+each name on first use.
 """
 
+import ast
 import importlib
+import sys
+from typing import TYPE_CHECKING
 
-# The public names, by the module that defines each (imported on first use).
-_FROM = {
-    "towerlib.exchange.choice": ("CollectiveExchange", "GraphExchange"),
-    "towerlib.exchange.group": ("WorkerGroup",),
-    "towerlib.precision.policy": ("BFloat16", "Float16", "Float32"),
-    "towerlib.update.parameter_server": ("ParameterServer",),
-    "towerlib.update.replicated": ("Replicated",),
-    "towerlib.update.clipping": ("ClipByGlobalNorm",),
-    "towerlib.step.context": ("BN_MODES", "BnMode", "TowerContext", "TowerRecords"),
-    "towerlib.step.devices": ("missing_tower_devices", "session_config", "tower_devices",
-        "variable_placer"),
-    "towerlib.step.evaluation": ("EvalGraph", "build_eval_graph"),
-    "towerlib.step.inputs": ("split_global_batch",),
-    "towerlib.step.summaries": ("strip_tower_prefix", "tower_scalar"),
-    "towerlib.step.towers": ("Tower", "TowerModel", "build_towers"),
-    "towerlib.step.keras_tower": ("KerasTower", "KerasTowerError"),
-    "towerlib.step.build": ("build_train_graph",),
-    "towerlib.step.train_graph": ("TrainGraph", "ema_restore_map"),
-    "towerlib.update.aggregation": ("aggregate_gradients",),
-    "towerlib.batchnorm.foreign": ("ForeignBatchNormError",),
-    "towerlib.batchnorm.keras_layers": ("KerasBatchNormError",),
-    "towerlib.batchnorm.normalization": ("batch_norm", "pooled_statistics"),
-    "towerlib.run.checkpoints": ("CheckpointError", "find_restorable_checkpoint"),
-    "towerlib.run.data_position": ("DataPositionError", "saved_position_iterator"),
-    "towerlib.run.determinism": ("seed_everything",),
-    "towerlib.run.evaluation_loop": ("Evaluation",),
-    "towerlib.run.moving_statistics": ("check_moving_statistics",),
-    "towerlib.precision.guards": ("NonFiniteError", "guard_numerics"),
-    "towerlib.run.hooks": ("StepLogger",),
-    "towerlib.run.trainer": ("TrainingResult", "run_training"),
-    "towerlib.checks.data_checks": ("DataError", "assert_finite", "assert_labels_in_range",
-        "check_record_files"),
-    "towerlib.checks.validation": ("ConfigError", "ConfigProblem", "validate_config"),
-}
-_EXPORTS = {name: module for module, names in _FROM.items() for name in names}
-# The public submodules, by the name towerlib gives each.
-_SUBMODULES = {
-    "cluster": "towerlib.cluster",
-    "exchange": "towerlib.exchange",
-    "layers": "towerlib.layers",
-    "optimizers": "towerlib.optimizers",
-    "schedules": "towerlib.schedules",
-    "mixed_precision": "towerlib.precision.casting",
-    "hooks": "towerlib.run.hooks",
-    "loss_scaling": "towerlib.precision.loss_scaling",
-}
+if TYPE_CHECKING:
+    from towerlib import cluster, exchange, layers, optimizers, schedules
+
+    # The strategies, each an object chosen by the user (strings name the defaults).
+    from towerlib.exchange.choice import CollectiveExchange, GraphExchange
+    from towerlib.exchange.group import WorkerGroup
+    from towerlib.precision.policy import BFloat16, Float16, Float32
+    from towerlib.update.parameter_server import ParameterServer
+    from towerlib.update.replicated import Replicated
+    from towerlib.update.clipping import ClipByGlobalNorm
+
+    # Building the training step.
+    from towerlib.step.context import BN_MODES, BnMode, TowerContext, TowerRecords
+    from towerlib.step.devices import (missing_tower_devices, session_config, tower_devices,
+                                       variable_placer)
+    from towerlib.step.evaluation import EvalGraph, build_eval_graph
+    from towerlib.step.inputs import split_global_batch
+    from towerlib.step.summaries import strip_tower_prefix, tower_scalar
+    from towerlib.step.towers import Tower, TowerModel, build_towers
+    from towerlib.step.keras_tower import KerasTower, KerasTowerError
+    from towerlib.step.build import build_train_graph
+    from towerlib.step.train_graph import TrainGraph, ema_restore_map
+    from towerlib.update.aggregation import aggregate_gradients
+
+    # Precision.
+    from towerlib.precision import casting as mixed_precision
+    from towerlib.precision import loss_scaling
+
+    # Batch norm.
+    from towerlib.batchnorm.foreign import ForeignBatchNormError
+    from towerlib.batchnorm.keras_layers import KerasBatchNormError
+    from towerlib.batchnorm.normalization import batch_norm, pooled_statistics
+
+    # Running: the loop, its hooks, checkpoints, faults.
+    from towerlib.run import hooks
+    from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
+    from towerlib.run.data_position import DataPositionError, saved_position_iterator
+    from towerlib.run.determinism import seed_everything
+    from towerlib.run.evaluation_loop import Evaluation
+    from towerlib.run.moving_statistics import check_moving_statistics
+    from towerlib.precision.guards import NonFiniteError, guard_numerics
+    from towerlib.run.hooks import StepLogger
+    from towerlib.run.trainer import TrainingResult, run_training
+
+    # Checks.
+    from towerlib.checks.data_checks import (DataError, assert_finite, assert_labels_in_range,
+                                             check_record_files)
+    from towerlib.checks.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
 
@@ -102,16 +110,35 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    """The public name `name`, imported on first use (PEP 562) and kept."""
-    if name in _SUBMODULES:
-        value = importlib.import_module(_SUBMODULES[name])
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    else:
-        raise AttributeError(f"module 'towerlib' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+def _lazy_loader(package, init_path):
+    """A module __getattr__ for `package`: its public names are the imports under
+    `if TYPE_CHECKING:` in its __init__ (init_path); each is imported on first use
+    and then kept as a plain attribute."""
+    with open(init_path, encoding="utf-8") as source:
+        tree = ast.parse(source.read())
+    table = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom):
+                    for alias in statement.names:
+                        table[alias.asname or alias.name] = (statement.module, alias.name)
+
+    def __getattr__(name):
+        if name not in table:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        source, attribute = table[name]
+        module = importlib.import_module(source)
+        # A name the module defines, else its submodule (`from towerlib.run import hooks`).
+        value = vars(module)[attribute] if attribute in vars(module) else \
+            importlib.import_module(f"{source}.{attribute}")
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
+
+
+__getattr__ = _lazy_loader(__name__, __file__)
 
 
 def __dir__():

@@ -35,31 +35,69 @@ to a clean end on every task, `recovery` bounds the wait for a lost ps task,
 `replica_watch` the wait for a lost worker.
 """
 
-import importlib
+from typing import TYPE_CHECKING
 
-# The public names, by the module that defines each, imported on first use (PEP 562):
+from towerlib import _lazy_loader
+
+# The public names, each imported on first use (towerlib's __init__ says how): so
 # `from towerlib.cluster.exits import RETRYABLE` (towerlib-launch) needs no TensorFlow.
-_FROM = {
-    "towerlib.cluster.allreduce": ("AllReduceTrainGraph", "WorkerLostError",
-        "build_allreduce_train_graph", "run_allreduce_training", "worker_train_dir"),
-    "towerlib.cluster.exits": ("RESTART_STATUSES", "RETRYABLE", "USER_ERROR",
-        "exit_by_meaning", "exit_status"),
-    "towerlib.cluster.placement": ("AddressError", "ParameterServerPlacer", "session_config",
-        "start_server", "tower_devices"),
-    "towerlib.cluster.recovery": ("DEFAULT_PS_RESTART_TIMEOUT_SECS", "PsUnavailableError",
-        "RecoveringSessionCreator"),
-    "towerlib.cluster.replica_watch": ("DEFAULT_STEP_DEADLINE_SECS", "ReplicaLostError",
-        "StepDeadlineHook"),
-    "towerlib.cluster.runtime": ("ControlSession", "run_distributed_training",
-        "run_parameter_server", "wait_for_ps_tasks"),
-    "towerlib.cluster.spec": ("CHIEF_JOB", "KNOWN_JOBS", "PS_JOB", "WORKER_JOB",
-        "ClusterInfo", "cluster_from_flags", "cluster_from_tf_config", "parse_host_list",
-        "resolve_cluster"),
-    "towerlib.cluster.sync_replicas": ("SyncReplicasInitHook", "SyncReplicasTowerOptimizer",
-        "SyncTrainGraph", "build_sync_train_graph", "check_bn_mode_for_cluster"),
-    "towerlib.exchange.safety": ("PeerTimeoutError",),
-}
-_EXPORTS = {name: module for module, names in _FROM.items() for name in names}
+if TYPE_CHECKING:
+    from towerlib.cluster.allreduce import (
+        AllReduceTrainGraph,
+        WorkerLostError,
+        build_allreduce_train_graph,
+        run_allreduce_training,
+        worker_train_dir,
+    )
+    from towerlib.cluster.exits import (
+        RESTART_STATUSES,
+        RETRYABLE,
+        USER_ERROR,
+        exit_by_meaning,
+        exit_status,
+    )
+    from towerlib.cluster.placement import (
+        AddressError,
+        ParameterServerPlacer,
+        session_config,
+        start_server,
+        tower_devices,
+    )
+    from towerlib.cluster.recovery import (
+        DEFAULT_PS_RESTART_TIMEOUT_SECS,
+        PsUnavailableError,
+        RecoveringSessionCreator,
+    )
+    from towerlib.cluster.replica_watch import (
+        DEFAULT_STEP_DEADLINE_SECS,
+        ReplicaLostError,
+        StepDeadlineHook,
+    )
+    from towerlib.cluster.runtime import (
+        ControlSession,
+        run_distributed_training,
+        run_parameter_server,
+        wait_for_ps_tasks,
+    )
+    from towerlib.cluster.spec import (
+        CHIEF_JOB,
+        KNOWN_JOBS,
+        PS_JOB,
+        WORKER_JOB,
+        ClusterInfo,
+        cluster_from_flags,
+        cluster_from_tf_config,
+        parse_host_list,
+        resolve_cluster,
+    )
+    from towerlib.cluster.sync_replicas import (
+        SyncReplicasInitHook,
+        SyncReplicasTowerOptimizer,
+        SyncTrainGraph,
+        build_sync_train_graph,
+        check_bn_mode_for_cluster,
+    )
+    from towerlib.exchange.safety import PeerTimeoutError
 
 __all__ = [
     # all-reduce across workers, without ps tasks
@@ -84,14 +122,7 @@ __all__ = [
     "build_sync_train_graph", "check_bn_mode_for_cluster",
 ]
 
-
-def __getattr__(name):
-    """The public name `name`, imported on first use and kept."""
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'towerlib.cluster' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = _lazy_loader(__name__, __file__)
 
 
 def __dir__():
