@@ -23,6 +23,17 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 @pytest.mark.slow   # a fresh Python
+def test_a_submodule_reached_as_an_attribute_still_resolves():
+    """As with the eager import: `import towerlib` then towerlib.run.loop_hooks."""
+    code = ("import towerlib; print(towerlib.run.loop_hooks.__name__, "
+            "towerlib.trace.analyze_step.__name__, towerlib.cluster.spec.__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.split() == ["towerlib.run.loop_hooks", "analyze_step",
+                                   "towerlib.cluster.spec"], done.stderr[-2000:]
+
+
+@pytest.mark.slow   # a fresh Python
 def test_importing_towerlib_imports_no_tensorflow():
     code = ("import sys, towerlib, towerlib.cluster.exits; "
             "print('tensorflow' in sys.modules)")

@@ -30,6 +30,7 @@ each name on first use.
 
 import ast
 import importlib
+import importlib.util
 import sys
 from typing import TYPE_CHECKING
 
@@ -126,7 +127,15 @@ def _lazy_loader(package, init_path):
 
     def __getattr__(name):
         if name not in table:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            if importlib.util.find_spec(f"{package}.{name}") is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            # A submodule reached as an attribute (`towerlib.run.loop_hooks`), with what
+            # the eager import put in it: the public names it defines are imported too.
+            submodule = importlib.import_module(f"{package}.{name}")
+            for source, _ in table.values():
+                if source.startswith(f"{package}.{name}."):
+                    importlib.import_module(source)
+            return submodule
         source, attribute = table[name]
         module = importlib.import_module(source)
         # A name the module defines, else its submodule (`from towerlib.run import hooks`).
