@@ -32,11 +32,12 @@ USER_ERRORS = (
     towerlib.cluster.AddressError,  # a port another process holds
 )
 # A lost, stopped or never-started peer or ps task: restarting every task fixes it, so the
-# status is the one schedulers restart on (towerlib.cluster.exits: 138).
+# status is the one schedulers restart on (towerlib.cluster.exits: 138). towerlib's own
+# wait errors only: any other TimeoutError (a download's socket.timeout) is no lost peer.
 RETRYABLE_ERRORS = (
     towerlib.cluster.ReplicaLostError,
     towerlib.cluster.PsUnavailableError,
-    TimeoutError,
+    towerlib.cluster.PeerTimeoutError,
 )
 
 # TensorFlow's deprecation warnings for the calls the example makes on purpose, through

@@ -162,3 +162,23 @@ def test_a_users_own_script_exits_by_meaning(tmp_path):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+@pytest.mark.parametrize("error, status", [
+    (TimeoutError("the download timed out"), None),   # not caught: Python's 1
+    (socket.timeout("timed out"), None),
+    (cluster_lib.PeerTimeoutError("ps task 0 did not answer"), 138),
+])
+def test_the_example_scripts_retry_only_towerlibs_own_timeouts(error, status, monkeypatch):
+    from examples.cifar10 import script_runner
+    monkeypatch.setattr(script_runner, "configure_logging", lambda: None)  # the test's own
+
+    def body():
+        raise error
+    if status is None:
+        with pytest.raises(type(error)):
+            script_runner.run(body)
+    else:
+        with pytest.raises(SystemExit) as exited:
+            script_runner.run(body)
+        assert exited.value.code == status
