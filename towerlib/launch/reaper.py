@@ -12,8 +12,10 @@ So a task's processes are the members of its session, found in /proc:
   act on), it SIGKILLs every member of the sessions still open. A task's own
   PR_SET_PDEATHSIG reaches only the task itself, not what it started.
 
-A session is closed (`Watchdog.closed`) only once it has no member left, so a
-reused pid is never taken for a task's.
+A session is closed (`Watchdog.closed`) at its attempt's end, once it has no
+member left. Linux does not reuse a pid while it names a living session, so a
+reused pid can be taken for a task's only if the launcher dies between a
+task's end (its session empty) and its attempt's end: a window of seconds.
 """
 
 import os
