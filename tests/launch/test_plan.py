@@ -130,3 +130,15 @@ def test_a_command_that_cannot_run_is_one_line(capsys):
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "towerlib-launch: error: cannot start '/nonexistent/python'" in err, err
+
+
+def test_ctrl_c_before_any_task_is_a_status_line_not_a_traceback(monkeypatch, capsys):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(main_lib, "parse_args", interrupted)
+    with pytest.raises(SystemExit) as exited:
+        main_lib.main(["--workers", "1", "--", "true"])
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == (
+        "towerlib-launch: stopped by SIGINT before any task started, status 130\n")

@@ -130,6 +130,10 @@ def main(argv=None):
             ports_lib.check_free(plan.fixed_ports(), "this host's, from --port_base or --hosts")
     except (UsageError, ports_lib.PortTakenError, network.PrivateNetworkError) as error:
         _usage_exit(str(error))
+    except KeyboardInterrupt:   # Ctrl-C before the handlers: a status line, no traceback
+        sys.stderr.write(f"{PROG}: stopped by SIGINT before any task started, "
+                         f"status {128 + signal.SIGINT}\n")
+        raise SystemExit(128 + signal.SIGINT) from None
     output = output_lib.Output(shown=options.tasks or None)
     if options.private_network:
         output.note("the tasks run in a private network namespace: loopback only, "
