@@ -95,18 +95,21 @@ def ray_cluster(monkeypatch):
     its files go to a short folder (Ray's socket paths must stay under 108 bytes).
     Imported here, not when the tests are collected: the other runs do not pay for it.
     """
+    # Loopback only: Ray takes the machine's interface address for its node (and so for
+    # each worker's TF_CONFIG, whose servers listen on every interface) and turns a
+    # _node_ip_address of 127.0.0.1 into that address too. With this variable off, read
+    # when ray is imported (here, and in the processes the cluster starts), its node
+    # address is 127.0.0.1 (ray._common.network_utils.get_localhost_ip).
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray = pytest.importorskip(
         "ray", reason="ray cannot be imported: pip install -e '.[test]' brings ray[train]")
+    from ray._private import ray_constants   # imported by an earlier test: read already
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         filter(None, [REPO, os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "1")   # the default; said, not assumed
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a cluster of its own, not a user's
-    # Loopback only: Ray takes the machine's interface address for its node (and so for
-    # each worker's TF_CONFIG, whose servers listen on every interface) and turns a
-    # _node_ip_address of 127.0.0.1 into that address too; with this variable off, its
-    # node address is 127.0.0.1 (ray._common.network_utils.get_localhost_ip).
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     seen = {}
     try:
