@@ -12,11 +12,17 @@ LARS (You et al. 2017): trust = eta * ||w|| / (||g|| + wd * ||w||);
 v <- momentum * v + rate * trust * (g + wd * w); w <- w - v.
 LAMB (You et al. 2019): Adam's bias-corrected moments m, v;
 r = m_hat / (sqrt(v_hat) + epsilon) + wd * w; w <- w - rate * (||w|| / ||r||) * r.
-A ratio whose norms are not both > 0 is 1. Variables `excluded` (by default
+When a norm is 0 the trust is 1, eta included: LARS takes trust 1 unless
+||w|| > 0 and ||g|| > 0 (as tf.contrib's LARSOptimizer and apex's LARC do, so a
+zero-initialized matrix's first step is plain momentum SGD, not eta times it),
+LAMB unless ||w|| > 0 and ||r|| > 0. Variables `excluded` (by default
 those of rank <= 1: biases, batch-norm gamma and beta) take neither the
 trust ratio nor weight decay. A sparse gradient is applied as its dense value
 (its norm is the whole gradient's; the moments decay on every row).
 """
+
+import math
+import numbers
 
 import tensorflow as tf
 
@@ -32,6 +38,8 @@ class _TrustRatioOptimizer(tf.compat.v1.train.Optimizer):
 
     def __init__(self, learning_rate, weight_decay, excluded, use_locking, name):
         super().__init__(use_locking, name)
+        _check_rate(learning_rate, type(self).__name__)
+        _check_finite(name, weight_decay=weight_decay)
         if not weight_decay >= 0:
             raise ValueError(f"{name}: weight_decay must be >= 0, got {weight_decay!r}.")
         self._rate = learning_rate
@@ -42,8 +50,9 @@ class _TrustRatioOptimizer(tf.compat.v1.train.Optimizer):
         return not self._excluded(variable)
 
     @staticmethod
-    def _trust(numerator, denominator):
-        ok = tf.logical_and(numerator > 0, denominator > 0)
+    def _trust(numerator, denominator, norms):
+        """numerator / denominator where every norm in `norms` is > 0, else 1."""
+        ok = tf.reduce_all(tf.stack([n > 0 for n in norms]))
         return tf.where(ok, numerator / tf.where(ok, denominator, 1.0), 1.0)
 
     def _rate_for(self, variable):
@@ -67,8 +76,12 @@ class _TrustRatioOptimizer(tf.compat.v1.train.Optimizer):
 class LARSOptimizer(_TrustRatioOptimizer):
     """LARS with momentum (see the module docstring).
 
+    The trust ratio is eta * ||w|| / (||g|| + wd * ||w||) when ||w|| > 0 and
+    ||g|| > 0, and 1 otherwise (tf.contrib's and apex's convention).
+
     Args:
-      learning_rate: a float or a float tensor (e.g. a towerlib.schedules rate).
+      learning_rate: a finite float > 0 or a float tensor (a towerlib.schedules
+        rate: its .tensor(global_step)).
       momentum: in [0, 1).
       weight_decay: >= 0, added to the gradient of adapted variables.
       eta: the trust coefficient (0.001 in the paper).
@@ -78,6 +91,7 @@ class LARSOptimizer(_TrustRatioOptimizer):
     def __init__(self, learning_rate, momentum=0.9, weight_decay=0.0, eta=0.001,
                  excluded=None, use_locking=False, name="LARS"):
         super().__init__(learning_rate, weight_decay, excluded, use_locking, name)
+        _check_finite(name, eta=eta)
         if not 0 <= momentum < 1 or not eta > 0:
             raise ValueError(f"LARS: momentum must be in [0, 1) and eta > 0, got "
                              f"{momentum!r} and {eta!r}.")
@@ -92,7 +106,8 @@ class LARSOptimizer(_TrustRatioOptimizer):
         velocity = self.get_slot(var, "momentum")
         if self._adapted(var):
             w_norm, g_norm = tf.norm(var), tf.norm(grad)
-            trust = self._eta * self._trust(w_norm, g_norm + self._weight_decay * w_norm)
+            trust = self._trust(self._eta * w_norm, g_norm + self._weight_decay * w_norm,
+                                (w_norm, g_norm))
             step = rate * trust * (grad + self._weight_decay * var)
         else:
             step = rate * grad
@@ -105,7 +120,7 @@ class LAMBOptimizer(_TrustRatioOptimizer):
     """LAMB (see the module docstring).
 
     Args:
-      learning_rate: a float or a float tensor.
+      learning_rate: a finite float > 0 or a float tensor.
       beta1, beta2, epsilon: Adam's, for the moments.
       weight_decay: >= 0, decoupled (added to the Adam direction) for adapted variables.
       excluded: variable -> bool; True for Adam's direction without trust or decay.
@@ -114,6 +129,7 @@ class LAMBOptimizer(_TrustRatioOptimizer):
     def __init__(self, learning_rate, beta1=0.9, beta2=0.999, epsilon=1e-6, weight_decay=0.0,
                  excluded=None, use_locking=False, name="LAMB"):
         super().__init__(learning_rate, weight_decay, excluded, use_locking, name)
+        _check_finite(name, epsilon=epsilon)
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1 and epsilon > 0):
             raise ValueError(f"LAMB: beta1, beta2 must be in [0, 1) and epsilon > 0, got "
                              f"{beta1!r}, {beta2!r}, {epsilon!r}.")
@@ -143,7 +159,8 @@ class LAMBOptimizer(_TrustRatioOptimizer):
             tf.sqrt(v_t / (1 - beta2_power)) + self._epsilon)
         if self._adapted(var):
             direction = direction + self._weight_decay * var
-            direction = self._trust(tf.norm(var), tf.norm(direction)) * direction
+            w_norm, r_norm = tf.norm(var), tf.norm(direction)
+            direction = self._trust(w_norm, r_norm, (w_norm, r_norm)) * direction
         return var.assign_sub(self._rate_for(var) * direction, use_locking=self._use_locking)
 
     def _finish(self, update_ops, name_scope):
@@ -155,3 +172,21 @@ class LAMBOptimizer(_TrustRatioOptimizer):
                            beta2_power.assign(beta2_power * self._beta2,
                                               use_locking=self._use_locking)]
         return tf.group(*update_ops + updates, name=name_scope)
+
+
+def _check_rate(rate, name):
+    """A rate is a finite number > 0 or a tensor; a schedule object is named with its fix."""
+    if hasattr(rate, "rate_at") and hasattr(rate, "tensor"):
+        raise TypeError(f"{name}: learning_rate is the schedule {type(rate).__name__}, not a "
+                        "rate. Fix: pass its tensor, learning_rate=rate.tensor(global_step).")
+    if isinstance(rate, bool) or (isinstance(rate, numbers.Real)
+                                  and not 0 < rate < math.inf):
+        raise ValueError(f"{name}: learning_rate must be a finite number > 0 or a float "
+                         f"tensor, got {rate!r}. Fix: e.g. {name}(0.1, ...).")
+
+
+def _check_finite(name, **values):
+    for key, value in values.items():
+        if isinstance(value, numbers.Real) and not math.isfinite(value):
+            raise ValueError(f"{name}: {key} must be a finite number, got {value!r}; "
+                             "it makes every step NaN or zero.")

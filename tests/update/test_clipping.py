@@ -1,6 +1,8 @@
 """ClipByGlobalNorm: N towers clip the whole global batch's gradient as one device's
 tf.clip_by_global_norm does, every copy alike; per-tower clipping would not."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -149,3 +151,13 @@ def test_a_class_or_a_number_for_clipping_is_refused_naming_the_object():
         for given, text in ((towerlib.ClipByGlobalNorm, "is the class"), (5.0, "got 5.0")):
             with pytest.raises(TypeError, match=text):
                 helpers.build_on_image_batch(2, clipping=given)
+
+
+def test_a_clip_norm_below_the_floor_warns_and_one_above_does_not():
+    from towerlib.update.clipping import CLIP_NORM_FLOOR
+    with pytest.warns(UserWarning, match=r"clip_norm=1e-30\) is below 1e-06.*may never move"):
+        towerlib.ClipByGlobalNorm(1e-30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        towerlib.ClipByGlobalNorm(CLIP_NORM_FLOOR)
+        towerlib.ClipByGlobalNorm(5.0)

@@ -157,3 +157,60 @@ def test_bad_hyperparameters_are_one_line():
                  lambda: towerlib.optimizers.LAMBOptimizer(0.1, weight_decay=-1)):
         with pytest.raises(ValueError):
             make()
+
+
+def numpy_lars_trust(w, g, wd, eta):
+    """tf.contrib's and apex's convention: 1 unless both norms are > 0."""
+    w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
+    return eta * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
+
+
+def numpy_lars_steps(w, gradients, rate, momentum, wd, eta):
+    velocity = np.zeros_like(w)
+    for g in gradients:
+        velocity = momentum * velocity + rate * numpy_lars_trust(w, g, wd, eta) * (g + wd * w)
+        w = w - velocity
+    return w
+
+
+@pytest.mark.parametrize("start, gradients", [
+    (np.zeros((4, 3)), [RNG.randn(4, 3)] * 3),                       # ||w|| = 0 at first
+    (RNG.randn(4, 3), [np.zeros((4, 3)), RNG.randn(4, 3), np.zeros((4, 3))]),  # ||g|| = 0
+    (RNG.randn(4, 3), [RNG.randn(4, 3) for _ in range(3)]),         # both > 0
+], ids=["zero_weights", "zero_gradient", "both_positive"])
+def test_lars_trust_is_one_when_a_norm_is_zero(start, gradients):
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(start, tf.float64))
+        given = tf.compat.v1.placeholder(tf.float64, start.shape)
+        optimizer = towerlib.optimizers.LARSOptimizer(0.5, 0.9, weight_decay=0.01, eta=0.001)
+        apply = optimizer.apply_gradients([(given, w)])
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            for gradient in gradients:
+                session.run(apply, {given: gradient})
+            got = session.run(w)
+    want = numpy_lars_steps(start, gradients, 0.5, 0.9, 0.01, 0.001)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("make, text", [
+    (lambda: towerlib.optimizers.LARSOptimizer(0.1, weight_decay=float("inf")),
+     "weight_decay must be a finite number"),
+    (lambda: towerlib.optimizers.LARSOptimizer(-0.1), "learning_rate must be a finite number > 0"),
+    (lambda: towerlib.optimizers.LARSOptimizer(float("nan")), "learning_rate must be a finite"),
+    (lambda: towerlib.optimizers.LARSOptimizer(0.1, eta=float("inf")), "eta must be a finite"),
+    (lambda: towerlib.optimizers.LAMBOptimizer(0.1, epsilon=float("inf")),
+     "epsilon must be a finite number"),
+    (lambda: towerlib.optimizers.LAMBOptimizer(float("inf")), "learning_rate must be a finite"),
+])
+def test_values_that_make_every_step_nan_or_zero_are_refused(make, text):
+    with pytest.raises(ValueError, match=text) as error:
+        make()
+    assert "\n" not in str(error.value)
+
+
+def test_a_schedule_object_as_the_rate_names_its_tensor():
+    rate = towerlib.schedules.LearningRate(0.1)
+    for make in (towerlib.optimizers.LARSOptimizer, towerlib.optimizers.LAMBOptimizer):
+        with pytest.raises(TypeError, match=r"rate\.tensor\(global_step\)"):
+            make(rate)

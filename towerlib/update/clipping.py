@@ -19,12 +19,17 @@ repeated index are summed before squaring, as the dense gradient has them.
 
 import dataclasses
 import numbers
+import warnings
 
 import tensorflow as tf
 
 from towerlib.update.base import CombinedGradients
 
-__all__ = ["ClipByGlobalNorm", "clip_combined", "resolve_clipping"]
+__all__ = ["CLIP_NORM_FLOOR", "ClipByGlobalNorm", "clip_combined", "resolve_clipping"]
+
+# Below this a clipped step is at most rate * 1e-6 long: weights of size 1 in float32
+# (whose precision is 6e-8) barely move or never do, which reads as a silent no-op.
+CLIP_NORM_FLOOR = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +37,8 @@ class ClipByGlobalNorm:
     """Scale the step's gradients by min(1, clip_norm / global_norm).
 
     Attributes:
-      clip_norm: a finite number > 0.
+      clip_norm: a finite number > 0. Below CLIP_NORM_FLOOR (1e-6) it warns: the
+        step is then so short that float32 weights may never move.
     """
 
     clip_norm: float
@@ -44,6 +50,10 @@ class ClipByGlobalNorm:
             raise ValueError(f"ClipByGlobalNorm(clip_norm={value!r}) is not a norm. "
                              "Fix: a finite number > 0, e.g. ClipByGlobalNorm(5.0).")
         object.__setattr__(self, "clip_norm", float(value))
+        if value < CLIP_NORM_FLOOR:
+            warnings.warn(f"ClipByGlobalNorm(clip_norm={value!r}) is below {CLIP_NORM_FLOOR:g}: "
+                          "every step is at most rate * clip_norm long, and float32 weights "
+                          "may never move. Fix: a norm like 1.0 or 5.0.", stacklevel=3)
 
 
 def resolve_clipping(clipping):
