@@ -30,7 +30,8 @@ class LearningRateSchedule:
       base_rate: the rate after warm-up and before the first decay (already scaled).
       warmup_steps: steps over which the rate rises linearly from base_rate / warmup_steps
         to base_rate (0: no warm-up).
-      boundaries: the steps at which the rate is multiplied by decay_factor, ascending.
+      boundaries: the steps after which the rate is multiplied by decay_factor, ascending
+        (tf.compat.v1.train.piecewise_constant's boundaries: step b runs at the old rate).
       decay_factor: the multiplier at each boundary.
     """
 

@@ -182,8 +182,9 @@ def test_linear_scaling_and_warmup():
     )
     assert rate.base_rate == pytest.approx(0.4)
     assert rate.warmup_steps == 2 and rate.boundaries == [8]
-    assert [rate.rate_at(s) for s in (0, 1, 2, 7, 8, 20)] == pytest.approx(
-        [0.2, 0.4, 0.4, 0.4, 0.2, 0.2]
+    # As in TensorFlow 1, the boundary's own step (8) still runs at the old rate.
+    assert [rate.rate_at(s) for s in (0, 1, 2, 7, 8, 9, 20)] == pytest.approx(
+        [0.2, 0.4, 0.4, 0.4, 0.4, 0.2, 0.2]
     )
 
 

@@ -66,6 +66,10 @@ def check_optimizer(optimizer):
             "Keras optimizers do not run in graph-mode towers. Fix: "
             "tf.compat.v1.train.MomentumOptimizer(0.1, 0.9) or another TF 1 optimizer.")
     rate = getattr(optimizer, "_learning_rate", None)
+    if hasattr(rate, "rate_at") and hasattr(rate, "tensor"):
+        raise TypeError(
+            f"{type(optimizer).__name__}'s learning rate is the schedule "
+            f"{type(rate).__name__}, not a rate. Fix: pass rate.tensor(global_step).")
     if isinstance(rate, (str, bytes)):
         raise TypeError(
             f"{type(optimizer).__name__}'s learning rate is the string {rate!r}. Fix: a "
