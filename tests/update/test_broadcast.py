@@ -1,5 +1,9 @@
 """The chief's broadcast sets every copy to tower 0's values, for every dtype, exactly."""
 
+import os
+import re
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -43,19 +47,66 @@ def test_every_copy_takes_tower_0s_bits():
             assert bool(session.run(copies["flag"][1])) is True
 
 
-def test_initialize_in_a_users_own_session_is_bounded_when_a_worker_is_absent():
-    """Issue 34, item 2: the broadcast waits for every worker of the group; one that
-    never starts costs timeout_secs and a TimeoutError naming the fix, not a hang."""
+def _tower(x, ctx):
+    w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
+    return tf.reduce_mean(x * w)
+
+
+def test_initialize_in_a_session_of_this_process_alone_names_the_absent_workers():
+    """A Session with no server target can never reach worker 1: the broadcast would
+    wait the whole timeout (600 s by default) for nothing; it is refused at once."""
     with tf.Graph().as_default():
-        def tower(x, ctx):
-            w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
-            return tf.reduce_mean(x * w)
         train = towerlib.build_train_graph(
-            tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            _tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
             num_towers=2, update=towerlib.Replicated(), workers=towerlib.WorkerGroup(2, 0))
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
             started = time.monotonic()
-            with pytest.raises(TimeoutError, match=r"did not complete within 2 s: a worker "
-                               r"of the group has not started.*Fix: start every worker"):
-                train.initialize(session, timeout_secs=2)
-            assert time.monotonic() - started < 30
+            with pytest.raises(ValueError, match=r"built for several workers .* the other "
+                               r"workers are not there.*Fix: start every worker's process.*"
+                               r"run_distributed_training"):
+                train.initialize(session, timeout_secs=20)
+            assert time.monotonic() - started < 5
+
+
+LONELY_CHIEF = """
+import sys, time
+import tensorflow as tf
+import towerlib
+tf.compat.v1.disable_eager_execution()
+ports = sys.argv[1:3]
+cluster = tf.train.ClusterSpec({"worker": ["127.0.0.1:" + p for p in ports]})
+server = tf.distribute.Server(cluster, job_name="worker", task_index=0,
+                              config=towerlib.session_config(2))
+def tower(x, ctx):
+    w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
+    return tf.reduce_mean(x * w)
+with tf.compat.v1.device("/job:worker/task:0"):
+    train = towerlib.build_train_graph(
+        tower, tf.ones([4, 2]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+        devices=["/job:worker/task:0/device:CPU:0", "/job:worker/task:0/device:CPU:1"],
+        update=towerlib.Replicated(), workers=towerlib.WorkerGroup(2, 0))
+config = towerlib.session_config(2)
+config.device_filters.append("/job:worker/task:0")  # the session starts without worker 1
+with tf.compat.v1.Session(server.target, config=config) as session:
+    started = time.monotonic()
+    try:
+        train.initialize(session, timeout_secs=2)
+    except TimeoutError as error:
+        print("TIMEOUT", round(time.monotonic() - started), error, flush=True)
+"""
+
+
+@pytest.mark.slow  # a fresh Python with its own in-process server (~15 s)
+def test_initialize_with_a_server_is_bounded_when_a_worker_is_absent(tmp_path):
+    """The chief's server is up, worker 1 never starts: timeout_secs, then TimeoutError."""
+    from tests.distributed_processes import free_ports
+    script = tmp_path / "lonely_chief.py"
+    script.write_text(LONELY_CHIEF)
+    result = subprocess.run(
+        [sys.executable, str(script)] + [str(p) for p in free_ports(2)],
+        capture_output=True, text=True, timeout=240, cwd=os.getcwd(),
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert re.search(r"TIMEOUT \d+ initialize: the chief's broadcast to every worker did not "
+                     r"complete within 2 s.*Fix: start every worker", result.stdout), (
+        result.stdout + result.stderr[-3000:])
+    assert int(result.stdout.split()[1]) < 60

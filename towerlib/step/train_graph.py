@@ -94,13 +94,17 @@ class TrainGraph:
 
         Across workers (built with `workers=`) the chief's values are then
         broadcast to every worker, which waits for all of them: at most
-        `timeout_secs`, then PeerTimeoutError (a TimeoutError) naming the fix. Bound each training
+        `timeout_secs`, then PeerTimeoutError (a TimeoutError) naming the fix. A
+        Session of this process alone (no server target) can never reach the
+        other workers: ValueError at once, before anything runs. Bound each training
         step in your own Session too: set `operation_timeout_in_ms` in its
         ConfigProto (a step waiting for a lost worker then raises
         DeadlineExceededError instead of waiting forever).
         """
         # Both ops built before the first run: grouping ops into a new op after a
         # session ran them mutates them (TensorFlow warns, and will refuse).
+        if self.broadcast_op is not None:
+            _check_reaches_other_workers(session)
         global_init = tf.compat.v1.global_variables_initializer()
         local_init = [tf.compat.v1.local_variables_initializer(),
                       tf.compat.v1.tables_initializer()]
@@ -116,6 +120,18 @@ class TrainGraph:
                     f"within {timeout_secs:g} s: a worker of the group has not started or "
                     "has not called initialize. Fix: start every worker (each one "
                     "initializes), or give initialize a longer timeout_secs.") from None
+
+
+def _check_reaches_other_workers(session):
+    """Refuses a Session with no server target: its broadcast would wait forever."""
+    target = getattr(session, "sess_str", None)
+    if target is not None and not target:
+        raise ValueError(
+            "initialize: this step was built for several workers (workers=WorkerGroup(...)) "
+            "but the Session belongs to this process alone (no server target), so the "
+            "other workers are not there and the broadcast would wait for them. Fix: "
+            "start every worker's process and use tf.compat.v1.Session(server.target), or "
+            "train with towerlib.cluster.run_distributed_training, which does both.")
 
 
 def ema_restore_map(ema_decay, var_list=None):
