@@ -285,3 +285,48 @@ def test_a_cluster_argument_that_is_no_cluster_is_named(cluster, got):
             with pytest.raises(TypeError, match=rf"{where} takes this task's ClusterInfo, "
                                rf"got {re.escape(got)}\. Fix: cluster = "):
                 call()
+
+
+def _tf_config(cluster, **extra):
+    return json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}, **extra})
+
+
+@pytest.mark.parametrize("value, message", [
+    (_tf_config({"worker": ["localhost:2222", "127.0.0.1:2222"]}),
+     r"127\.0\.0\.1:2222 is given to both worker:0 and worker:1 \(as localhost:2222: one "
+     r"port of this machine under two spellings\)"),
+    (_tf_config({"worker": ["Node1:2222"], "ps": ["node1:2222"]}), "under two spellings"),
+    (_tf_config({"worker": ["a:1"]}, rpc_layer="grpc+verbs"),
+     r"rpc_layer='grpc\+verbs': towerlib's servers speak gRPC only"),
+    (_tf_config({"worker": {"1": "a:1", "2": "b:2"}}),
+     r"the sparse form \{task index: address\} with the indices \['1', '2'\] lists not "
+     r"every task"),
+])
+def test_tf_configs_that_were_taken_silently_are_refused(value, message):
+    with pytest.raises(ValueError, match=message) as raised:
+        cluster_lib.resolve_cluster(environ={"TF_CONFIG": value})
+    assert "\n" not in str(raised.value)
+
+
+def test_tf_configs_sparse_form_and_grpc_rpc_layer_are_taken_as_tensorflow_takes_them():
+    cluster = cluster_lib.resolve_cluster(environ={"TF_CONFIG": _tf_config(
+        {"worker": {"1": "b:2", "0": "a:1"}}, rpc_layer="grpc")})
+    assert cluster.jobs == {"worker": ("a:1", "b:2")}
+    assert cluster.cluster_spec.as_dict() == tf.train.ClusterSpec(
+        {"worker": {0: "a:1", 1: "b:2"}}).as_dict()
+
+
+@pytest.mark.parametrize("hosts, message", [
+    ("grpc://a:1", r"'grpc://a:1' has the scheme 'grpc://'.*Fix: 'a:1'"),
+    ("my host:1", r"'my host:1' has the host 'my host', which is no host name"),
+    ("a/b:1", r"has the host 'a/b'"),
+])
+def test_worker_hosts_that_are_no_host_and_port_are_refused(hosts, message):
+    with pytest.raises(ValueError, match=message):
+        cluster_lib.cluster_from_flags("", hosts, "worker", 0)
+
+
+def test_ipv6_and_hostnames_with_dashes_are_addresses():
+    cluster = cluster_lib.cluster_from_flags("", "[::1]:5000,node-1.example_x:5001",
+                                             "worker", 0)
+    assert cluster.jobs["worker"] == ("[::1]:5000", "node-1.example_x:5001")

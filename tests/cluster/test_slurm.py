@@ -93,3 +93,33 @@ def test_ranks_follow_the_nodelist_order_not_the_strings_order(slurm_env):
 def test_hostlists_expand_in_slurms_order(text, hosts):
     from towerlib.cluster import slurm
     assert slurm.expand_hostlist(text) == hosts
+
+
+def test_a_port_base_whose_last_task_passes_65535_is_refused(slurm_env):
+    slurm_env({**SRUN_2X2, "TOWERLIB_SLURM_PORT_BASE": "65535"})
+    with pytest.raises(ValueError, match=r"TOWERLIB_SLURM_PORT_BASE=65535 gives a node's "
+                       r"tasks the ports 65535\.\.65536, past 65535\. Fix: a port base of "
+                       r"at most 65534"):
+        cluster_lib.resolve_cluster()
+    slurm_env({**SRUN_2X2, "TOWERLIB_SLURM_PORT_BASE": "65534"})
+    assert cluster_lib.resolve_cluster().jobs["worker"][1] == "gpu7:65535"
+
+
+def test_a_rank_outside_the_step_names_the_rank_and_the_task_count(slurm_env):
+    slurm_env({**SRUN_2X2, "SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "2",
+               "SLURM_STEP_TASKS_PER_NODE": "1(x2)"})
+    with pytest.raises(ValueError, match=r"SLURM_PROCID=5 is outside this job step's 2 "
+                       r"tasks \(ranks 0\.\.1\)"):
+        cluster_lib.resolve_cluster()
+
+
+def test_an_environ_mapping_is_what_the_resolver_reads(slurm_env, monkeypatch):
+    """resolve_cluster(environ=...) with Slurm's variables that os.environ lacks."""
+    import os
+    slurm_env({})
+    for name in SRUN_2X2:
+        monkeypatch.delenv(name, raising=False)
+    cluster = cluster_lib.resolve_cluster(environ=dict(SRUN_2X2))
+    assert cluster.jobs["worker"] == ("gpu7:23456", "gpu7:23457", "gpu8:23456", "gpu8:23457")
+    assert cluster.task_index == 1
+    assert not [name for name in SRUN_2X2 if name in os.environ]  # put back as it was

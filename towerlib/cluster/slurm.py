@@ -16,6 +16,7 @@ CUDA_VISIBLE_DEVICES before TensorFlow first looks at the devices); on a CPU
 node there is nothing to split.
 """
 
+import contextlib
 import os
 import shutil
 
@@ -56,28 +57,22 @@ def _gpu_options(num_tasks, environ):
     return {"gpus_per_node": num_tasks, "gpus_per_task": 1, "auto_set_gpu": False}
 
 
-def cluster_from_slurm():
-    """The (jobs, job_name, task_index) of this Slurm task, read from os.environ.
+def cluster_from_slurm(environ=None):
+    """The (jobs, job_name, task_index) of this Slurm task, read from `environ`.
 
-    TensorFlow's resolver reads os.environ itself, so this does too.
+    TensorFlow's resolver reads os.environ itself: when `environ` is another
+    mapping, its Slurm variables stand in os.environ while the resolver runs.
 
     Raises:
       ValueError: naming the Slurm variable that is missing or malformed.
     """
-    environ = os.environ
-    missing = [name for name in REQUIRED if name not in environ]
-    if missing:
-        raise ValueError(
-            f"Slurm: {', '.join(missing)} not set, though SLURM_PROCID is. Start each "
-            "task with srun inside the allocation (srun sets them for a job step), "
-            "or describe the cluster with TF_CONFIG or --worker_hosts instead.")
-    num_tasks = environ["SLURM_STEP_NUM_TASKS"]
-    if not num_tasks.isdigit() or int(num_tasks) < 1:
-        raise ValueError(f"Slurm: SLURM_STEP_NUM_TASKS={num_tasks!r} is not a task count.")
+    environ = os.environ if environ is None else environ
+    num_tasks = _checked_task_count(environ)
     try:
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
-            port_base=_port_base(environ), **_gpu_options(int(num_tasks), environ))
-        spec = resolver.cluster_spec().as_dict()
+        with _shown_to_the_resolver(environ):
+            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                port_base=_port_base(environ), **_gpu_options(num_tasks, environ))
+            spec = resolver.cluster_spec().as_dict()
     except (RuntimeError, ValueError, IndexError) as error:
         raise ValueError(
             f"Slurm: the job step's variables do not describe a cluster ({error}): "
@@ -85,6 +80,7 @@ def cluster_from_slurm():
             f"SLURM_STEP_NODELIST={environ['SLURM_STEP_NODELIST']!r}, "
             f"SLURM_STEP_TASKS_PER_NODE={environ['SLURM_STEP_TASKS_PER_NODE']!r}.") from None
     job_name, task_index = resolver.get_task_info()
+    _check_ports(spec, environ)
     # The resolver lists hosts sorted as strings ('gpu10' before 'gpu9'); Slurm numbers
     # the ranks in the nodelist's order, node by node: put the addresses in that order.
     order = {host: i for i, host in enumerate(
@@ -93,6 +89,54 @@ def cluster_from_slurm():
         order.get(address.rpartition(":")[0], len(order)),
         int(address.rpartition(":")[2])))) for job, hosts in spec.items()}
     return jobs, job_name, task_index
+
+
+def _checked_task_count(environ):
+    """SLURM_STEP_NUM_TASKS, after checking every variable and SLURM_PROCID's range."""
+    missing = [name for name in REQUIRED if name not in environ]
+    if missing:
+        raise ValueError(
+            f"Slurm: {', '.join(missing)} not set, though SLURM_PROCID is. Start each "
+            "task with srun inside the allocation (srun sets them for a job step), "
+            "or describe the cluster with TF_CONFIG or --worker_hosts instead.")
+    num_tasks, rank = environ["SLURM_STEP_NUM_TASKS"], environ["SLURM_PROCID"]
+    if not num_tasks.isdigit() or int(num_tasks) < 1:
+        raise ValueError(f"Slurm: SLURM_STEP_NUM_TASKS={num_tasks!r} is not a task count.")
+    if rank.isdigit() and int(rank) >= int(num_tasks):
+        raise ValueError(
+            f"Slurm: SLURM_PROCID={rank} is outside this job step's {num_tasks} tasks "
+            f"(ranks 0..{int(num_tasks) - 1}): the variables come from different steps. "
+            "Fix: start every task with one srun, or unset the stale SLURM_* variables.")
+    return int(num_tasks)
+
+
+@contextlib.contextmanager
+def _shown_to_the_resolver(environ):
+    """environ's Slurm variables in os.environ while TensorFlow's resolver reads them."""
+    if environ is os.environ:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in REQUIRED}
+    try:
+        os.environ.update({name: environ[name] for name in REQUIRED})
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _check_ports(spec, environ):
+    """Refuses a port base whose node's last task would get a port past 65535."""
+    highest = max(int(address.rpartition(":")[2])
+                  for hosts in spec.values() for address in hosts)
+    if highest > 65535:
+        base = _port_base(environ)
+        raise ValueError(
+            f"Slurm: {PORT_BASE_VARIABLE}={base} gives a node's tasks the ports {base}.."
+            f"{highest}, past 65535. Fix: a port base of at most {base - (highest - 65535)}.")
 
 
 def expand_hostlist(text):

@@ -14,6 +14,7 @@ import numbers
 import dataclasses
 import json
 import os
+import re
 from typing import Dict, Tuple
 
 import tensorflow as tf
@@ -25,6 +26,11 @@ PS_JOB = "ps"
 WORKER_JOB = "worker"
 CHIEF_JOB = "chief"
 KNOWN_JOBS = (PS_JOB, WORKER_JOB, CHIEF_JOB)
+# A host name or IPv4 address, or an IPv6 address in brackets.
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
+# Names of this machine's loopback: TensorFlow's server listens on every interface,
+# so one port under two of these spellings is one port.
+_LOOPBACK = ("localhost", "ip6-localhost", "::1", "[::1]", "0.0.0.0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,27 +134,70 @@ def parse_host_list(text, what):
     """'h1:p1,h2:p2' -> ('h1:p1', 'h2:p2'), each address validated.
 
     Args:
-      text: comma-separated addresses (a list or tuple is accepted too).
+      text: comma-separated addresses; a list or tuple is accepted too, and
+        TensorFlow's sparse form {task index: address} when it lists every
+        task 0..n-1.
       what: where the list came from, for error messages ('--ps_hosts').
     """
-    if isinstance(text, (list, tuple)):
+    if isinstance(text, dict):
+        items = _sparse_items(text, what)
+    elif isinstance(text, (list, tuple)):
         items = [str(item).strip() for item in text]
     else:
         items = [item.strip() for item in str(text or "").split(",")]
         if items == [""]:
             return ()
     for address in items:
-        host, sep, port = address.rpartition(":")
-        if not address or not sep or not host:
-            raise ValueError(
-                f"{what}: {address!r} is not a 'host:port' address. Write e.g. "
-                f"{what}=127.0.0.1:2222,127.0.0.1:2223 (no spaces inside an address, "
-                "no empty entries).")
-        if not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
-                f"{what}: {address!r} has port {port!r}; a port is an integer in "
-                "1..65535.")
+        _check_address(address, what)
     return tuple(items)
+
+
+def _sparse_items(tasks, what):
+    """{0: 'h:p', '1': 'h:p'} -> ['h:p', 'h:p']; indices missing or not ints refused."""
+    indices = {}
+    for key, address in tasks.items():
+        text = str(key)
+        if isinstance(key, bool) or not text.isdigit():
+            indices = None
+            break
+        indices[int(text)] = str(address).strip()
+    if indices is None or sorted(indices) != list(range(len(indices))):
+        raise ValueError(
+            f"{what}: the sparse form {{task index: address}} with the indices "
+            f"{sorted(tasks, key=str)} lists not every task 0..n-1, which towerlib needs. "
+            f"Fix: list every task's address in order, e.g. {what}=[\"h:p\", \"h:p\"].")
+    return [indices[i] for i in range(len(indices))]
+
+
+def _check_address(address, what):
+    scheme, has_scheme, rest = address.partition("://")
+    if has_scheme:
+        raise ValueError(
+            f"{what}: {address!r} has the scheme {scheme + '://'!r}; cluster addresses are "
+            f"plain 'host:port' (the servers speak gRPC). Fix: {rest!r}.")
+    host, sep, port = address.rpartition(":")
+    if not address or not sep or not host:
+        raise ValueError(
+            f"{what}: {address!r} is not a 'host:port' address. Write e.g. "
+            f"{what}=127.0.0.1:2222,127.0.0.1:2223 (no spaces inside an address, "
+            "no empty entries).")
+    if not _HOST.match(host):
+        raise ValueError(
+            f"{what}: {address!r} has the host {host!r}, which is no host name or IP "
+            "address (letters, digits, '.', '-', '_'; an IPv6 address in brackets).")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"{what}: {address!r} has port {port!r}; a port is an integer in "
+            "1..65535.")
+
+
+def _machine_port(address):
+    """(host, port) with the host lower-cased and every loopback spelling made one."""
+    host, _, port = address.rpartition(":")
+    host = host.lower()
+    if host in _LOOPBACK or host.startswith("127."):
+        host = "loopback"
+    return host, int(port)
 
 
 def _validated(jobs, job_name, task_index, source):
@@ -167,15 +216,7 @@ def _validated(jobs, job_name, task_index, source):
         raise ValueError(
             f"{source}: the 'chief' job has {len(jobs[CHIEF_JOB])} tasks; it has "
             "exactly one (the other training tasks belong in 'worker').")
-    seen = {}
-    for job, hosts in jobs.items():
-        for index, address in enumerate(hosts):
-            if address in seen:
-                raise ValueError(
-                    f"{source}: address {address} is given to both "
-                    f"{seen[address]} and {job}:{index}; every task needs its own "
-                    "port.")
-            seen[address] = f"{job}:{index}"
+    _check_ports_unique(jobs, source)
     if job_name not in jobs:
         raise ValueError(
             f"{source}: this task's job {job_name!r} is not in the cluster "
@@ -188,6 +229,22 @@ def _validated(jobs, job_name, task_index, source):
             f"{job_name!r}, which has {len(jobs[job_name])} task(s) "
             f"(valid: 0..{len(jobs[job_name]) - 1}).")
     return ClusterInfo(jobs=dict(jobs), job_name=job_name, task_index=task_index)
+
+
+def _check_ports_unique(jobs, source):
+    """Refuses two tasks on one port of one machine, also under two spellings."""
+    seen = {}
+    for job, hosts in jobs.items():
+        for index, address in enumerate(hosts):
+            key = _machine_port(address)
+            if key in seen:
+                other, task = seen[key]
+                spelled = "" if other == address else (
+                    f" (as {other}: one port of this machine under two spellings)")
+                raise ValueError(
+                    f"{source}: address {address} is given to both {task} and "
+                    f"{job}:{index}{spelled}; every task needs its own port.")
+            seen[key] = (address, f"{job}:{index}")
 
 
 def cluster_from_flags(ps_hosts="", worker_hosts="", job_name="", task_index=0):
@@ -224,8 +281,10 @@ def cluster_from_tf_config(tf_config):
     TF_CONFIG looks like
       {"cluster": {"ps": ["h:p"], "worker": ["h:p", "h:p"], "chief": ["h:p"]},
        "task": {"type": "worker", "index": 0}}
-    ("chief" is optional; without it worker 0 is the chief). Returns None for an
-    empty value or one without a "cluster".
+    ("chief" is optional; without it worker 0 is the chief). A job may also be
+    TensorFlow's sparse form {"0": "h:p", "1": "h:p"} of every task; "rpc_layer"
+    may be "grpc" (the only one). Returns None for an empty value or one
+    without a "cluster".
     """
     if not tf_config:
         return None
@@ -237,6 +296,11 @@ def cluster_from_tf_config(tf_config):
                              f"{tf_config[:200]!r}") from error
     if not isinstance(tf_config, dict):
         raise ValueError(f"TF_CONFIG must be a JSON object, got {type(tf_config).__name__}.")
+    rpc_layer = tf_config.get("rpc_layer")
+    if rpc_layer not in (None, "", "grpc"):
+        raise ValueError(
+            f"TF_CONFIG rpc_layer={rpc_layer!r}: towerlib's servers speak gRPC only. Fix: "
+            '"rpc_layer": "grpc", or leave it out.')
     cluster = tf_config.get("cluster")
     if not cluster:
         if tf_config.get("task"):
@@ -273,9 +337,9 @@ def resolve_cluster(ps_hosts="", worker_hosts="", job_name="", task_index=0,
 
     Args:
       ps_hosts, worker_hosts, job_name, task_index: the flag values.
-      environ: the environment to read TF_CONFIG and SLURM_PROCID from (default
-        os.environ; TensorFlow's resolver reads the other Slurm variables from
-        os.environ).
+      environ: the environment to read TF_CONFIG and Slurm's variables from
+        (default os.environ; TensorFlow's resolver is shown environ's Slurm
+        variables while it runs).
 
     Raises:
       ValueError: when both the flags and TF_CONFIG describe a cluster (which
@@ -292,5 +356,5 @@ def resolve_cluster(ps_hosts="", worker_hosts="", job_name="", task_index=0,
     if from_flags is not None or from_env is not None:
         return from_flags if from_flags is not None else from_env
     if slurm.in_slurm_step(environ):
-        return _validated(*slurm.cluster_from_slurm(), "Slurm")
+        return _validated(*slurm.cluster_from_slurm(environ), "Slurm")
     return None
