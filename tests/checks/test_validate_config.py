@@ -109,6 +109,13 @@ def test_accumulation_needs_an_example_per_tower_and_micro_batch():
     towerlib.validate_config(num_towers=2, global_batch_size=8, accumulation_steps=4)
 
 
+def test_accumulation_without_a_tower_count_needs_an_example_per_micro_batch():
+    with pytest.raises(towerlib.ConfigError, match=r"accumulation_steps: The global batch "
+                       r"has 3 examples, fewer than accumulation_steps x towers = 4 x 1"):
+        towerlib.validate_config(global_batch_size=3, accumulation_steps=4)
+    towerlib.validate_config(global_batch_size=4, accumulation_steps=4)
+
+
 def test_trace_steps_are_global_steps():
     with pytest.raises(towerlib.ConfigError, match="trace_steps"):
         towerlib.validate_config(trace_steps=[0, 2])

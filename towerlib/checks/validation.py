@@ -240,9 +240,10 @@ def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode
                              options_given_optimizer=None):
     """The rules between build options, with the same functions as the build."""
     steps = resolved.get("accumulation_steps")
-    if steps and towers and _is_int(global_batch_size) and global_batch_size >= 1:
-        try:
-            accumulation.check_batch_covers_micro_batches(global_batch_size, steps, towers)
+    if steps and _is_int(global_batch_size) and global_batch_size >= 1:
+        try:  # without the tower count, every micro-batch needs one example at least
+            accumulation.check_batch_covers_micro_batches(global_batch_size, steps,
+                                                          towers or 1)
         except ValueError as error:
             _add_error(check, "accumulation_steps", error)
     if "precision" in resolved and options_given_optimizer is not None:
