@@ -56,6 +56,17 @@ def _channels(x, data_format):
 _LAYER_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 
 
+def _check_name(layer, name):
+    """A layer's name is its variable scope: a non-empty string, the same in every tower."""
+    if isinstance(name, tf.compat.v1.VariableScope):
+        return
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f"{layer}: name must be a non-empty string, got {name!r}; it is the variable "
+            "scope of the layer's weights, which every tower must spell alike (no "
+            f"automatic names). Fix: e.g. {layer}(..., name='{layer}_1').")
+
+
 def _check_float_input(x, layer, name):
     """Refuses integer or float64 inputs with the fix, before TensorFlow does, deep down."""
     x = tf.convert_to_tensor(x)
@@ -84,6 +95,7 @@ def conv2d(x, filters, kernel_size, *, name, strides=1, padding="SAME",
     """
     if data_format not in ("NHWC", "NCHW"):
         raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}.")
+    _check_name("conv2d", name)
     x = _check_float_input(x, "conv2d", name)
     kh, kw = _pair(kernel_size, "kernel_size", name)
     sh, sw = _pair(strides, "strides", name)
@@ -107,6 +119,7 @@ def conv2d(x, filters, kernel_size, *, name, strides=1, padding="SAME",
 def dense(x, units, *, name, use_bias=True, activation=None, weight_decay=0.0,
           kernel_initializer=None):
     """Fully connected layer: [N, D] -> [N, units]."""
+    _check_name("dense", name)
     x = _check_float_input(x, "dense", name)
     if x.shape.rank != 2 or x.shape[-1] is None:
         raise ValueError(
@@ -132,6 +145,7 @@ def embedding(ids, vocab_size, dim, *, name, weight_decay=0.0, initializer=None)
     The gradient of the table is IndexedSlices, and stays sparse through
     towerlib's aggregation.
     """
+    _check_name("embedding", name)
     ids = tf.convert_to_tensor(ids)
     if not ids.dtype.is_integer:
         raise TypeError(f"embedding '{name}' needs integer ids, got {ids.name} of dtype "

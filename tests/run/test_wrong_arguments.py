@@ -4,6 +4,8 @@ Issue 34, item 12: each of these failed deep (a bare AttributeError, TypeError o
 ZeroDivisionError, or TensorFlow's device error 19 frames down).
 """
 
+import signal
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -26,6 +28,10 @@ def train_graph():
     ("session_config", {"a": 1}, "session_config: is a dict. Fix: pass towerlib.session_config"),
     ("hooks", [3], "hooks: must be a list of tf.compat.v1.train.SessionRunHook, got [3]"),
     ("stop_on_signals", "SIGTERM", "stop_on_signals: must be a tuple of signal numbers"),
+    ("stop_on_signals", [signal.SIGKILL],
+     "stop_on_signals: holds SIGKILL, which no process can catch"),
+    ("stop_on_signals", (signal.SIGTERM, signal.SIGSTOP, 999), "stop_on_signals: holds "
+     "SIGSTOP, 999, which no process can catch"),
     ("collective_timeout_secs", 0, "collective_timeout_secs: is 0; a step waiting"),
 ])
 def test_run_training_arguments_of_the_wrong_type(tmp_path, option, value, message):

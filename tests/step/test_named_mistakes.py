@@ -57,3 +57,15 @@ def test_an_empty_var_list_says_so():
         with pytest.raises(ValueError) as error:
             helpers.build_on_image_batch(2, var_list=[])
     assert first_line(error).startswith("var_list is empty")
+
+
+@pytest.mark.parametrize("make", [
+    lambda x: towerlib.layers.conv2d(x, 4, 3, name=None),
+    lambda x: towerlib.layers.dense(tf.reshape(x, [2, -1]), 4, name=""),
+    lambda x: towerlib.layers.embedding(tf.zeros([2], tf.int32), 5, 3, name=7),
+])
+def test_a_layer_without_a_name_names_the_argument(make):
+    with tf.Graph().as_default():
+        with pytest.raises(TypeError, match=r"^(conv2d|dense|embedding): name must be a "
+                           r"non-empty string, got .*every tower must spell alike"):
+            make(tf.zeros([2, 8, 8, 3]))

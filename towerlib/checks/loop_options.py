@@ -199,6 +199,8 @@ def loop_argument_problems(hooks, stop_on_signals, collective_timeout_secs):
         problems.append(("stop_on_signals", f"must be a tuple of signal numbers, got "
                          f"{stop_on_signals!r:.80}.",
                          "pass e.g. (signal.SIGINT, signal.SIGTERM), or () for none."))
+    else:
+        problems += _uncatchable_signals(signals)
     if isinstance(collective_timeout_secs, bool) or not isinstance(
             collective_timeout_secs, numbers.Real) or not collective_timeout_secs > 0 \
             or collective_timeout_secs == float("inf"):
@@ -206,3 +208,15 @@ def loop_argument_problems(hooks, stop_on_signals, collective_timeout_secs):
                          "step waiting for a tower is bounded by it.",
                          "give a finite number of seconds > 0, above the slowest step."))
     return problems
+
+
+def _uncatchable_signals(signals):
+    """SIGKILL, SIGSTOP and numbers that are no signal: no handler can be installed."""
+    valid = signal.valid_signals()
+    wrong = [s for s in signals if s not in valid or s in (signal.SIGKILL, signal.SIGSTOP)]
+    if not wrong:
+        return []
+    names = ", ".join(signal.Signals(s).name if s in valid else str(s) for s in wrong)
+    return [("stop_on_signals", f"holds {names}, which no process can catch (SIGKILL and "
+             "SIGSTOP act in the kernel; other numbers are no signal), so nothing could "
+             "save first.", "pass catchable signals, e.g. (signal.SIGINT, signal.SIGTERM).")]
