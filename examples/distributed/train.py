@@ -57,7 +57,9 @@ flags.DEFINE_integer("num_examples", 256, "Size of the synthetic data table.")
 flags.DEFINE_integer("max_steps", 20, "Global step to stop at.")
 flags.DEFINE_float("learning_rate", 0.1, "SGD learning rate.")
 flags.DEFINE_bool("batch_norm", False, "Add batch norm after the convolution.")
-flags.DEFINE_string("bn_mode", "first_tower", "'first_tower' or 'all_towers'.")
+flags.DEFINE_string("bn_mode", "first_tower",
+                    "'first_tower', 'all_towers' or 'sync' (sync: on one machine, or "
+                    "across workers with --variable_update=replicated).")
 flags.DEFINE_enum("variable_update", "parameter_server", ["parameter_server", "replicated"],
                   "'replicated': a copy per tower, gradients all-reduced (in a cluster: "
                   "across every worker's towers, no ps task). 'parameter_server': "
@@ -241,7 +243,8 @@ def run_task(cluster):
               "at. Fix: a higher --max_steps to continue that run, or another "
               "--train_dir to start afresh.", flush=True)
         return result
-    print(f"finished: global_step={step} loss="
+    ended = f"stopped by {result.stop_signal}" if result.stop_signal else "finished"
+    print(f"{ended}: global_step={step} loss="
           f"{'none' if loss is None else format(loss, '.6f')}", flush=True)
     return result   # a stop signal in it is the exit status
 

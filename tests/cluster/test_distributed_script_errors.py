@@ -86,3 +86,42 @@ def test_help_and_a_bad_flag_answer_before_tensorflow_loads():
     assert bad.returncode == 2 and bad.stderr.splitlines() == [
         "error: Unknown command line flag 'num_tower'. Did you mean: num_towers? See "
         "--helpshort for the flags."]
+
+
+def test_the_bn_mode_help_lists_every_mode():
+    text = open(SCRIPT).read()
+    help_text = re.search(r'DEFINE_string\("bn_mode", "first_tower",\s*((?:"[^"]*"\s*)+)\)',
+                          text)
+    assert help_text, "the --bn_mode flag's definition moved"
+    assert all(f"'{mode}'" in help_text.group(1) for mode in ("first_tower", "all_towers",
+                                                               "sync"))
+
+
+@pytest.mark.slow  # the example in a fresh process, stopped by SIGTERM
+def test_a_run_stopped_by_a_signal_says_so_not_finished(tmp_path):
+    import signal
+    import threading
+    import time
+    environ = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), CUDA_VISIBLE_DEVICES="")
+    environ.pop("TF_CONFIG", None)
+    command = [sys.executable, SCRIPT, "--max_steps=100000", "--num_towers=2",
+               "--sleep_secs_per_step=0.2", "--log_every_n_steps=1",
+               f"--train_dir={tmp_path / 'run'}"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=environ, cwd=ROOT) as process:
+        watchdog = threading.Timer(300, process.kill)  # bounds the blocking reads too
+        watchdog.start()
+        try:
+            deadline = time.monotonic() + 180
+            for line in process.stdout:  # a step has run: the stop handler is in place
+                if re.search(r"\bstep [2-9]\d*, loss", line) or time.monotonic() > deadline:
+                    break
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=120)
+        finally:
+            watchdog.cancel()
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert re.search(r"^stopped by SIGTERM: global_step=\d+ loss=", output, re.M), output[-3000:]
+    assert "finished:" not in output
