@@ -86,6 +86,7 @@ MODULE_SECS = {
     "tests/cluster/test_ray_train.py": 60,
     "tests/launch/test_launch_end_to_end.py": 35,
     "tests/cluster/test_early_stopping.py": 30,
+    "tests/cluster/test_ps_run_to_run.py": 30,
     "tests/launch/test_command.py": 23,
     "tests/cluster/test_exits.py": 15,
     "tests/run/test_evaluation_loop.py": 20,
