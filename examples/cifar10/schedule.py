@@ -98,6 +98,10 @@ def settings_problem(
                 "learning-rate decay epochs must be positive and ascending.")
     if not warmup_epochs >= 0:
         return ("warmup_epochs", warmup_epochs, "the warm-up must be >= 0 epochs.")
+    if decay_epochs and decay_epochs[0] < warmup_epochs:
+        return ("lr_decay_epochs", decay_epochs, "the first decay (epoch %g) comes before "
+                "the warm-up ends (epoch %g); decay after the warm-up."
+                % (decay_epochs[0], warmup_epochs))
     return None
 
 

@@ -120,6 +120,10 @@ def test_bad_learning_rate_settings_are_refused_before_the_data_is_touched(tmp_p
         job.plan_run(_config(tmp_path, data_dir=missing, lr_decay_epochs=[5, 2]))
     with pytest.raises(options.FlagError, match="learning_rate must be a positive"):
         job.plan_run(_config(tmp_path, data_dir=missing, learning_rate=0.0))
+    with pytest.raises(options.FlagError, match=r"--lr_decay_epochs.*the first decay "
+                       r"\(epoch 2\) comes before the warm-up ends \(epoch 3\)"):
+        job.plan_run(_config(tmp_path, data_dir=missing, lr_decay_epochs=[2, 5],
+                             warmup_epochs=3))
 
 
 def test_restart_with_another_model_is_refused(tmp_path, generated_dir):
