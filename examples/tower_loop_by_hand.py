@@ -103,7 +103,7 @@ def train_op_with_towerlib(global_batch, optimizer, num_towers, bn_mode="first_t
 # --- Training either way ------------------------------------------------------------------
 
 
-def examples(count=256):
+def labelled_images(count=256):
     """[count, 8, 8, 3] float32 images whose mean tells their label, [count] int32 labels."""
     rng = np.random.RandomState(0)
     labels = rng.randint(0, 10, count).astype(np.int32)
@@ -113,9 +113,9 @@ def examples(count=256):
 
 def train(build, steps=5, num_towers=2, global_batch=32, **mode):
     """{variable name: value} of the model after `steps` steps of train_op_by_hand or
-    train_op_with_towerlib, each step on the next `global_batch` of examples()."""
+    train_op_with_towerlib, each step on the next `global_batch` of labelled_images()."""
     with tf.Graph().as_default():
-        dataset = tf.data.Dataset.from_tensor_slices(examples()).repeat()
+        dataset = tf.data.Dataset.from_tensor_slices(labelled_images()).repeat()
         batch = tf.compat.v1.data.make_one_shot_iterator(dataset.batch(global_batch)).get_next()
         train_op = build(batch, tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), num_towers,
                          **mode)

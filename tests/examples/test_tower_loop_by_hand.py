@@ -2,11 +2,15 @@
 
 import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from examples import tower_loop_by_hand as lesson
+from tests import helpers
 
 MOVING = ("bn1/moving_mean", "bn1/moving_variance", "bn2/moving_mean", "bn2/moving_variance")
 
@@ -33,7 +37,7 @@ def test_all_towers_by_hand_takes_one_moving_step_per_shard_towerlib_one_per_bat
     by_hand = lesson.train(lesson.train_op_by_hand, steps=1, bn_updates="all_towers")
     with_towerlib = lesson.train(lesson.train_op_with_towerlib, steps=1, bn_mode="all_towers")
 
-    images = lesson.examples()[0][:global_batch]
+    images = lesson.labelled_images()[0][:global_batch]
     conv1 = tf.nn.conv2d(images, initial["conv1/weights"], 1, "SAME").numpy()
     shard_means = [shard.mean(axis=(0, 1, 2)) for shard in np.split(conv1, num_towers)]
     np.testing.assert_allclose(  # one step from 0 by the global batch's mean
@@ -58,3 +62,18 @@ def test_the_lesson_page_shows_the_example_file_as_it_is():
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
     assert len(blocks) >= 4
     assert [block for block in blocks if block not in source] == []
+
+
+@pytest.mark.slow  # trains four times in a fresh process
+def test_the_lesson_runs_as_the_page_shows():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.tower_loop_by_hand"], cwd=root, capture_output=True,
+        text=True, timeout=300, env={"PYTHONPATH": helpers.python_path(root),
+                                     "TF_CPP_MIN_LOG_LEVEL": "2", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, all_towers = result.stdout.splitlines()[-2:]
+    assert first.startswith("first tower: 11 variables, largest difference ")
+    assert float(first.rsplit(" ", 1)[1]) < 1e-5
+    ratio = float(all_towers.split("moved ")[1].split("x as far")[0])
+    assert 1.8 < ratio < 2.2  # two updates a step by hand, one through towerlib
