@@ -19,7 +19,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "towerlib"
 
 LAYERS = [
-    ["internals"],                          # TensorFlow's and tf_keras' internals, one each
+    ["internals", "lazy_names"],            # TensorFlow's internals; names imported on use
     ["exchange", "trace"],                  # cross-tower reductions; reading traced steps
     ["update"],                             # parameter server, replicated copies
     ["batchnorm", "precision"],             # batch norm across towers; dtypes, guards

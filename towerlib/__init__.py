@@ -24,15 +24,13 @@ The packages, by concern:
 TensorFlow) the first time it is used (PEP 562), so towerlib-launch, which
 needs no TensorFlow, starts its first task at once. The imports below, under
 TYPE_CHECKING, are the one list of those names: type checkers, IDEs and the
-API reference read them as written, and `_lazy_loader` reads them to import
+API reference read them as written, and `towerlib.lazy_names` reads them to import
 each name on first use.
 """
 
-import ast
-import importlib
-import importlib.util
-import sys
 from typing import TYPE_CHECKING
+
+from towerlib.lazy_names import lazy_loader
 
 if TYPE_CHECKING:
     from towerlib import cluster, exchange, layers, optimizers, schedules
@@ -111,43 +109,7 @@ __all__ = [
 ]
 
 
-def _lazy_loader(package, init_path):
-    """A module __getattr__ for `package`: its public names are the imports under
-    `if TYPE_CHECKING:` in its __init__ (init_path); each is imported on first use
-    and then kept as a plain attribute."""
-    with open(init_path, encoding="utf-8") as source:
-        tree = ast.parse(source.read())
-    table = {}
-    for node in tree.body:
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
-            for statement in node.body:
-                if isinstance(statement, ast.ImportFrom):
-                    for alias in statement.names:
-                        table[alias.asname or alias.name] = (statement.module, alias.name)
-
-    def __getattr__(name):
-        if name not in table:
-            if importlib.util.find_spec(f"{package}.{name}") is None:
-                raise AttributeError(f"module {package!r} has no attribute {name!r}")
-            # A submodule reached as an attribute (`towerlib.run.loop_hooks`), with what
-            # the eager import put in it: the public names it defines are imported too.
-            submodule = importlib.import_module(f"{package}.{name}")
-            for source, _ in table.values():
-                if source.startswith(f"{package}.{name}."):
-                    importlib.import_module(source)
-            return submodule
-        source, attribute = table[name]
-        module = importlib.import_module(source)
-        # A name the module defines, else its submodule (`from towerlib.run import hooks`).
-        value = vars(module)[attribute] if attribute in vars(module) else \
-            importlib.import_module(f"{source}.{attribute}")
-        setattr(sys.modules[package], name, value)
-        return value
-
-    return __getattr__
-
-
-__getattr__ = _lazy_loader(__name__, __file__)
+__getattr__ = lazy_loader(__name__, __file__)
 
 
 def __dir__():

@@ -37,7 +37,7 @@ to a clean end on every task, `recovery` bounds the wait for a lost ps task,
 
 from typing import TYPE_CHECKING
 
-from towerlib import _lazy_loader
+from towerlib.lazy_names import lazy_loader
 
 # The public names, each imported on first use (towerlib's __init__ says how): so
 # `from towerlib.cluster.exits import RETRYABLE` (towerlib-launch) needs no TensorFlow.
@@ -122,7 +122,7 @@ __all__ = [
     "build_sync_train_graph", "check_bn_mode_for_cluster",
 ]
 
-__getattr__ = _lazy_loader(__name__, __file__)
+__getattr__ = lazy_loader(__name__, __file__)
 
 
 def __dir__():
