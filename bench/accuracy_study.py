@@ -1,5 +1,5 @@
 """Test precision of the CIFAR-10 main command's default recipe, version against version,
-on a small real image data set (issue 22 item 20).
+on a small real image data set.
 
     python bench/accuracy_study.py --npz=/tmp/acc/digits.npz --work=/tmp/acc/study \
         --version=before=4045d95^ --version=after=HEAD --seeds=1,2,3

@@ -2,7 +2,7 @@
 
     python bench/bench_keras.py --towers=4 --repetitions=9
 
-Issue 30's question: does bringing a Keras model cost step time? The CIFAR
+The question: does bringing a Keras model cost step time? The CIFAR
 ResNet-20 of examples/cifar10/models.py (towerlib.layers, towerlib.batch_norm)
 and examples/cifar10/keras_resnet.py (the same network in tf_keras layers,
 through towerlib.KerasTower) are built side by side, each in its own graph and

@@ -3,7 +3,7 @@
     python -m bench.bench_multiworker --model=resnet20 --global_batch=64 \
         --repeats=12 --steps=3
 
-Issue 20's benchmark. Every configuration trains the same model (the CIFAR-10
+The benchmark. Every configuration trains the same model (the CIFAR-10
 example's, bench.models) from the same initial weights on the same fixed
 global batch, Momentum, bn_mode='first_tower', in its own processes on
 127.0.0.1 (bench/multiworker_proc.py):

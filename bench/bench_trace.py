@@ -1,4 +1,4 @@
-"""What tracing costs (issue 21): a traced step against an untraced one, and
+"""What tracing costs: a traced step against an untraced one, and
 run_training with trace_steps that are never reached against run_training without.
 
     python bench/bench_trace.py --towers=4 --model=resnet20 --repetitions=15
@@ -33,7 +33,7 @@ spreads over the variants instead of landing on one):
 Reported for each ratio: the median seconds per step of both sides, the ratio
 of medians (wall clock and process CPU time), and the median and middle half
 (25th-75th percentile) of the paired ratios, each repetition's numerator over
-the same repetition's denominator. Issue 21 asks that (b) cost nothing
+the same repetition's denominator. The target asks that (b) cost nothing
 measurable; bench/targets.py UNREACHED_TRACE_HOOK holds the lower quartile of
 its paired ratios to 1.00 (the middle half reaches 1.00).
 

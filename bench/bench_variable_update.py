@@ -2,7 +2,7 @@
 
     python bench/bench_variable_update.py --towers=1,2,4,8 --repetitions=9
 
-Issue 12's question: does a copy of every variable per tower, with the
+The question: does a copy of every variable per tower, with the
 gradients all-reduced, cost more per step than one copy on the host CPU
 (target, bench/targets.py REPLICATED: replicated <= 1.05x the
 parameter-server step time at 8 towers on virtual CPU towers; a line after the

@@ -125,22 +125,22 @@ SYNC_BATCH_NORM = RatioTarget("sync / first_tower step time", 1.15, "8 towers", 
                               statistic="ratio of the median step times")
 
 # bench/bench_variable_update.py: update='replicated' (packed, graph transport)
-# over the parameter server, ResNet-20 on virtual CPU towers (issue 12).
+# over the parameter server, ResNet-20 on virtual CPU towers.
 REPLICATED = RatioTarget("replicated / parameter_server step time", 1.05, "8 towers", (8,))
 
 # bench/bench_keras.py: the CIFAR ResNet-20 as a tf_keras model through towerlib.KerasTower
-# over the same network written with towerlib.layers, 4 virtual CPU towers (issue 30).
+# over the same network written with towerlib.layers, 4 virtual CPU towers.
 KERAS_MODEL = RatioTarget("keras_resnet20 / resnet20 step time", 1.05, "4 towers", (4,))
 
 # bench/bench_precision_memory.py: the step's memory above the baseline with
-# k = 4 micro-batches over one batch of the same global batch (issue 13).
+# k = 4 micro-batches over one batch of the same global batch.
 ACCUMULATION_STEPS = 4
 ACCUMULATION_MEMORY = RatioTarget(
     f"step memory, k = {ACCUMULATION_STEPS} micro-batches / one batch", 0.40,
     statistic="ratio of the medians over fresh processes")
 
 # bench/bench_trace.py: a training loop with trace_steps that are never
-# reached over the same loop without them (issue 21: "no measurable cost").
+# reached over the same loop without them ("no measurable cost").
 # Held to 1.00 on the lower quartile of the paired ratios: met when the
 # middle half reaches 1.00, i.e. any cost is inside the run's own noise.
 UNREACHED_TRACE_HOOK = RatioTarget(

@@ -27,7 +27,7 @@ This module is the command line only; the work is done by
 
 Method and findings: BENCHMARKS.md, "Traffic per step, counted from the graph".
 
-Across machines (issue 20): with --machines, each machine count W is built
+Across machines: with --machines, each machine count W is built
 as one worker of W machines x --devices GPUs, all-reduce and parameter
 server, and the bytes each machine's link carries per step are reported
 (bench/traffic_machines.py, bench/traffic_machines_report.py):

@@ -285,7 +285,7 @@ def report_page(rows: List[MachineRow], bandwidths_gbits: Sequence[float], comma
                 batch_per_tower: int, bn_mode: str) -> str:
     """The whole generated page, docs/traffic_across_machines.md."""
     lines = [
-        "# Traffic per step across machines (issue 20)",
+        "# Traffic per step across machines",
         "",
         "Generated, do not edit by hand. Regenerate with",
         "",

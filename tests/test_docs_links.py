@@ -1,6 +1,6 @@
 """Every relative link of the pages under docs/ names a file or folder that exists.
 
-Issue 22 item 29: docs/benchmarks.md linked to a BENCHMARKS.md beside it
+Docs/benchmarks.md linked to a BENCHMARKS.md beside it
 (the file is at the repository root). Links are resolved from the page's
 own folder, as GitHub and other Markdown viewers resolve them; code blocks
 are left out.

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     # The strategies, each an object chosen by the user (strings name the defaults).
     from towerlib.exchange.choice import CollectiveExchange, GraphExchange
     from towerlib.exchange.group import WorkerGroup
-    from towerlib.precision.policy import BFloat16, Float16, Float32
+    from towerlib.precision.choice import BFloat16, Float16, Float32
     from towerlib.update.parameter_server import ParameterServer
     from towerlib.update.replicated import Replicated
     from towerlib.update.clipping import ClipByGlobalNorm

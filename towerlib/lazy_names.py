@@ -2,7 +2,7 @@
 
     # towerlib/cluster/__init__.py
     if TYPE_CHECKING:
-        from towerlib.cluster.allreduce import WorkerLostError   # written as usual
+        from towerlib.cluster.allreduce_job import WorkerLostError   # written as usual
     __getattr__ = lazy_loader(__name__, __file__)                # imported when used
 
 So `import towerlib` (and towerlib-launch) loads no TensorFlow until a name

@@ -180,7 +180,7 @@ def restore_point(plan: TrainPlan):
     """
     flags = plan.flags
     # Only the chief restores (across all-reducing workers, each its own folder's
-    # checkpoint of the step they agree on: towerlib.cluster.allreduce).
+    # checkpoint of the step they agree on: towerlib.cluster.allreduce_job).
     checkpoint = run_folder.restorable_checkpoint(flags.train_dir) if plan.is_chief else None
     step = int(tf.train.load_variable(checkpoint, "global_step")) if checkpoint else 0
     if step:

@@ -1,6 +1,6 @@
 """ForeignBatchNormError under replicated variables names each layer and each variable once.
 
-Issue 22 item 29: the layer was listed once per tower's copy; then its
+The layer was listed once per tower's copy; then its
 evidence still named every copy ('writes replicated/tower_1/my_bn/...' for
 towers 1-3). One entry per layer, each piece of evidence once, the variable
 by the name tower 0's copy has (the checkpoint's).

@@ -54,7 +54,7 @@ def scenario(scenarios, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bfloat16", "float16"])
 def test_tf1_layers_batch_norm_in_half_precision_names_the_swap(scenarios, precision):
-    """Issue 22, item 21: one line at build time, not FusedBatchNormV3's TypeError."""
+    """One line at build time, not FusedBatchNormV3's TypeError."""
     message = scenario(scenarios, "half_precision")[precision]
     assert message is not None and message.startswith("Tower 0: a fused batch norm")
     assert f"cannot compute in {precision}" in message
@@ -279,7 +279,7 @@ def test_hand_written_batch_norm_builds_with_first_tower(model):
 
 
 def test_replicated_lists_each_foreign_layer_once():
-    """Issue 22, item 29: not once per tower's copy."""
+    """Not once per tower's copy."""
     with tf.Graph().as_default():
         with pytest.raises(ForeignBatchNormError) as raised:
             helpers.build_on_image_batch(4, tower_fn=hand_written_fused, bn_mode="all_towers",

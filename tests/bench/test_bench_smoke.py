@@ -178,7 +178,7 @@ def test_bn_mode_benchmark_prints_every_mode_and_ratio():
 
 def test_writing_the_report_again_keeps_the_hand_written_sections(tmp_path):
     path = tmp_path / "BENCHMARKS.md"
-    hand_written = report.HAND_WRITTEN_MARKER + "\n\n## Issue 21\n\nA table.\n"
+    hand_written = report.HAND_WRITTEN_MARKER + "\n\n## Tracing\n\nA table.\n"
     path.write_text("# Old run\n\n" + hand_written)
     report.write_report(str(path), "# New run\n")
     assert path.read_text() == "# New run\n\n" + hand_written

@@ -1,4 +1,4 @@
-"""bench/bench_trace.py keeps running: a tiny run prints both ratios of issue 21
+"""bench/bench_trace.py keeps running: a tiny run prints both ratios
 (a traced step over an untraced one; run_training with trace_steps never reached
 over run_training without) with their middle halves, the A/A control and the
 verdict. Its numbers mean nothing here (2 repetitions of 1 step of a tiny batch)."""

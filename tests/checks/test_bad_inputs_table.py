@@ -52,7 +52,7 @@ def _params():
             for index, case in enumerate(CASES)]
 
 
-def test_there_are_the_cases_the_issue_asks_for():
+def test_the_table_holds_sixty_distinct_cases_each_naming_its_words():
     assert len(CASES) >= 60
     assert len({(case.bad_input, case.where) for case in CASES}) == len(CASES)
     assert all(case.names for case in CASES), "give every case the words its line must name"

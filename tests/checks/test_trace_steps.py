@@ -1,5 +1,5 @@
 """trace_steps: an unbounded iterable, an int, 0 and steps past max_steps are refused in
-one line (issue 34, items 3 and 10), without iterating the unbounded one."""
+one line, without iterating the unbounded one."""
 
 import itertools
 

@@ -89,7 +89,7 @@ def test_the_build_raises_the_tower_problem_validate_config_lists(options):
 ])
 def test_an_exchange_where_nothing_is_exchanged_is_refused_everywhere(bn_mode, update,
                                                                       exchange):
-    """Issue 22, item 5: an option without effect is refused, by the build and by
+    """An option without effect is refused, by the build and by
     validate_config alike."""
     with pytest.raises(towerlib.ConfigError, match="has no effect"):
         towerlib.validate_config(bn_mode=bn_mode, update=update, exchange=exchange)

@@ -1,4 +1,4 @@
-"""Checkpoints interchange between one machine and an all-reduce job, both ways (issue 20 item 6).
+"""Checkpoints interchange between one machine and an all-reduce job, both ways.
 
 The chief's checkpoint holds its tower 0 copy under the plain names, as one
 machine's does. With the distributed example (data keyed by the global step,

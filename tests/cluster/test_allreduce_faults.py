@@ -154,7 +154,7 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
 ])
 def test_workers_built_from_different_flags_stop_at_once_naming_the_difference(
         processes, tmp_path, flag, item, own, chief):
-    """Issue 34, item 6: copies that would drift apart (or a collective that would wait
+    """Copies that would drift apart (or a collective that would wait
     for the step deadline) are refused at startup, on both workers, in one line."""
     flags = worker_flags(tmp_path / "train", 20)
     processes.start("worker0", flags + ["--job_name=worker", "--task_index=0"])

@@ -262,7 +262,7 @@ def test_weights_moving_average_is_updated_once_per_global_step_by_the_chief():
 
 
 def test_a_tf_config_with_a_task_and_no_cluster_is_refused():
-    """Issue 34, item 10: it trained alone on one machine without a word."""
+    """It trained alone on one machine without a word."""
     for value in ('{"task": {"type": "worker", "index": 1}}',
                   '{"cluster": {}, "task": {"type": "worker", "index": 0}}'):
         with pytest.raises(ValueError, match=r'TF_CONFIG has a "task" but no "cluster"'):
@@ -273,7 +273,7 @@ def test_a_tf_config_with_a_task_and_no_cluster_is_refused():
 @pytest.mark.parametrize("cluster, got", [("worker:0", "str"), (None, "None (one machine)"),
                                           ({"worker": ["a:1"]}, "dict")])
 def test_a_cluster_argument_that_is_no_cluster_is_named(cluster, got):
-    """Issue 34, item 12: a bare AttributeError ('str' object has no attribute 'is_ps'),
+    """A bare AttributeError ('str' object has no attribute 'is_ps'),
     or for None a message about ps tasks."""
     for where, call in (
             ("build_sync_train_graph", lambda: cluster_lib.build_sync_train_graph(

@@ -120,14 +120,14 @@ def test_ps_gone_for_good_workers_stop_within_their_bound(processes, tmp_path):
             rf"\(ps:0 at 127\.0\.0\.1:\d+\) and it did not come back within "
             rf"{PS_RESTART_TIMEOUT_SECS} s", log), processes.describe(name)
         assert "restart it with the same command" in log
-        assert "Traceback" not in log, log[-3000:]  # one line (issue 22, item 16)
+        assert "Traceback" not in log, log[-3000:]  # one line
     assert time.monotonic() - killed_at < bound
 
 
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 def test_a_worker_lost_for_good_stops_the_chief_and_the_ps_within_the_deadline(
         processes, tmp_path, fault):
-    """Issue 20, item 4: a worker killed (or SIGSTOPped) at step ~5 and never back:
+    """A worker killed (or SIGSTOPped) at step ~5 and never back:
     the chief logs that it waits, then every other process exits within the step
     deadline + a few seconds with one line naming what to restart."""
     deadline = 8

@@ -1,6 +1,6 @@
 """examples/distributed/train.py: a user's mistake is one line and status 2; --help is quick.
 
-Issue 34, items 13 and 14: these exited 1 with a traceback, and --help waited for
+These exited 1 with a traceback, and --help waited for
 TensorFlow's import (5.7 s).
 """
 

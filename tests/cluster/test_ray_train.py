@@ -1,4 +1,4 @@
-"""Ray Train runs towerlib's all-reduce and restarts it after a lost worker (issue 32, item 4b).
+"""Ray Train runs towerlib's all-reduce and restarts it after a lost worker.
 
 A real local Ray cluster (ray.init) and Ray Train's TensorflowTrainer (Train V2, the
 default in ray 2.60) with 2 workers, each an actor process that Ray gives its TF_CONFIG

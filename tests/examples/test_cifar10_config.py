@@ -87,7 +87,7 @@ def test_bad_settings_name_their_flag(tmp_path, overrides, flag):
 ])
 def test_hyperparameters_that_cannot_be_right_are_refused_in_one_line(
         tmp_path, overrides, flag):
-    # Issue 34, item 7: --momentum=5 and --weight_decay=inf trained to non-finite weights.
+    # --momentum=5 and --weight_decay=inf trained to non-finite weights.
     with pytest.raises(options.FlagError) as raised:
         check(_config(tmp_path, **overrides))
     assert str(raised.value).startswith(flag) and "\n" not in str(raised.value)

@@ -116,7 +116,7 @@ def test_missing_file_error_names_the_file(tmp_path):
 
 
 def test_a_folder_where_a_file_belongs_is_named_not_missing(tmp_path):
-    """Issue 34, item 13: both were reported as "missing"."""
+    """Both were reported as "missing"."""
     batches = tmp_path / data.BATCHES_DIR
     _write_split_files(str(batches))
     os.remove(batches / "data_batch_3.bin")
@@ -131,7 +131,7 @@ def test_a_folder_where_a_file_belongs_is_named_not_missing(tmp_path):
 
 
 def test_a_zero_filled_file_is_refused(tmp_path):
-    """Issue 34, item 10: a file of zero bytes only was accepted as blank images of
+    """A file of zero bytes only was accepted as blank images of
     class 0; one real record of class 0 is still fine."""
     batches = tmp_path / data.BATCHES_DIR
     _write_split_files(str(batches))

@@ -321,7 +321,7 @@ def test_train_script_refuses_sync_batch_norm_on_a_cluster_in_one_line(tmp_path,
 
 @pytest.mark.slow  # the train script in a fresh process
 def test_a_worker_whose_peers_never_start_exits_retryable_in_one_line(tmp_path, data_dir):
-    """Issue 32, item 3: the example exits 138 (restart every task), as a user's own
+    """The example exits 138 (restart every task), as a user's own
     script under towerlib.cluster.exit_by_meaning does, not 1 or 2."""
     worker0, worker1 = free_ports(2)
     completed = subprocess.run(

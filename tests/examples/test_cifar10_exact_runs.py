@@ -1,4 +1,4 @@
-"""Issue 14, exact runs: the CIFAR-10 train script resumes into the very run it would have
+"""Exact runs: the CIFAR-10 train script resumes into the very run it would have
 run uninterrupted, and one seed repeats a run bit for bit.
 
 A tiny generated data set (200 training examples) and resnet8 on 2 CPU towers, with

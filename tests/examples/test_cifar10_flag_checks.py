@@ -1,5 +1,5 @@
-"""The scripts' own flags that exited 1 with a traceback, or were accepted (issue 34,
-items 10 and 13): each is one FlagError line naming the flag and the fix."""
+"""The scripts' own flags that exited 1 with a traceback, or were accepted: each is one
+FlagError line naming the flag and the fix."""
 
 import types
 

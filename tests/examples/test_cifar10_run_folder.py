@@ -1,4 +1,4 @@
-"""Issue 14: a train_dir holds one run. Flags describing another are refused before anything
+"""A train_dir holds one run. Flags describing another are refused before anything
 is written; a torn newest checkpoint is skipped by train, eval and export alike; every
 user error of the train script is one line, exit status 2, nothing half-written."""
 
@@ -255,7 +255,7 @@ def _all_intact(folder, names):
 
 
 def test_overwrite_refuses_a_folder_that_was_never_a_run(tmp_path):
-    # Issue 34, item 4: these four were deleted, and the script exited 0.
+    # These four were deleted, and the script exited 0.
     _write(str(tmp_path), USER_FILES)
     with pytest.raises(options.FlagError) as raised:
         run_folder.start_over(str(tmp_path))

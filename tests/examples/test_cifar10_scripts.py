@@ -1,4 +1,4 @@
-"""Issue 22, the example's scripts: every user error is one line and exit status 2, a
+"""The example's scripts: every user error is one line and exit status 2, a
 resumed run takes its flags from train_config.json, export deletes nothing it did not
 write, a read-only run folder is evaluated (and refused for export) in one line, a short
 run evaluates above chance, and the first log line states a constant learning rate."""
@@ -113,7 +113,7 @@ def _fake_run(train_dir, step=7):
     return str(train_dir)
 
 
-# --- item 1: export never deletes what it did not write (fast) ------------------------------
+# --- export never deletes what it did not write (fast) ------------------------------
 
 
 def test_export_refuses_a_step_folder_holding_files_it_did_not_write(tmp_path):
@@ -154,7 +154,7 @@ def test_export_to_a_regular_file_is_one_line(tmp_path):
     assert a_file.read_text() == "not a folder"
 
 
-# --- item 15: a read-only run folder (fast: the checks alone) -------------------------------
+# --- a read-only run folder (fast: the checks alone) -------------------------------
 
 
 def test_eval_without_eval_dir_skips_the_summary_of_a_read_only_run(tmp_path, caplog):
@@ -172,7 +172,7 @@ def test_eval_without_eval_dir_skips_the_summary_of_a_read_only_run(tmp_path, ca
     assert eval_lib.summary_dir(str(tmp_path)) == str(tmp_path / "eval")
 
 
-# --- item 17: --device_type=gpu without GPUs (fast) -----------------------------------------
+# --- --device_type=gpu without GPUs (fast) -----------------------------------------
 
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs no GPU")
@@ -187,7 +187,7 @@ def test_gpu_without_gpus_suggests_a_value_the_script_takes(tmp_path, towers):
     check(dict(args, device_type="cpu"))  # the suggestion works
 
 
-# --- item 23: a resume takes the flags it is not given from train_config.json (fast) --------
+# --- a resume takes the flags it is not given from train_config.json (fast) --------
 
 
 def test_a_resume_needs_only_the_flags_that_change(tmp_path, tiny_data):
@@ -210,7 +210,7 @@ def test_a_resume_needs_only_the_flags_that_change(tmp_path, tiny_data):
         {"train_dir": run["train_dir"], "log_every_n_steps": 7}).log_every_n_steps == 7
 
 
-# --- item 29: the first log line (fast) -----------------------------------------------------
+# --- the first log line (fast) -----------------------------------------------------
 
 
 def test_the_first_log_line_states_a_constant_learning_rate(tmp_path, tiny_data):
@@ -222,7 +222,7 @@ def test_the_first_log_line_states_a_constant_learning_rate(tmp_path, tiny_data)
     assert "learning rate 0.01 (momentum) with decays x0.1 at steps [25];" in line
 
 
-# --- item 14: absl's flag errors, one line and status 2 in every script (slow) --------------
+# --- absl's flag errors, one line and status 2 in every script (slow) --------------
 
 
 @pytest.mark.slow  # a fresh process per case
@@ -294,7 +294,7 @@ def test_the_train_script_resumes_with_train_dir_and_max_steps_alone(run_copy):
     assert "recorded --num_towers=2, flags --num_towers=1" in line
 
 
-# --- item 24: a short run with the default flags evaluates above chance (slow) -------------
+# --- a short run with the default flags evaluates above chance (slow) -------------
 
 
 @pytest.mark.slow  # trains 40 steps of the convnet

@@ -1,4 +1,4 @@
-"""Issue 22 item 28: the example scripts' normal output is clean, and a real error still
+"""The example scripts' normal output is clean, and a real error still
 shows. TensorFlow's start-up lines (filtered out of `import tensorflow` unless the user set
 TF_CPP_MIN_LOG_LEVEL), the two deprecation warnings of the calls the example makes on
 purpose, the SavedModel loader's "Fingerprint not found", --help before TensorFlow loads,
@@ -19,7 +19,7 @@ from examples.cifar10 import script_runner
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Each noise source of item 28, as it appears in the output.
+# Each noise source, as it appears in the output.
 NOISE = (
     "absl::InitializeLog",
     "oneDNN custom operations are on",

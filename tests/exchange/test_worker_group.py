@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib.cluster.allreduce import choose_resume_step
+from towerlib.cluster.allreduce_job import choose_resume_step
 from towerlib.exchange import safety
 from towerlib.internals import collective_ops
 

@@ -85,7 +85,7 @@ def _conv_outputs(images):
 
 
 @pytest.mark.parametrize("bn_mode", MODES)
-def test_the_issues_reproduction_moves_the_moving_mean_by_the_modes_definition(bn_mode):
+def test_a_keras_batch_norm_moves_the_moving_mean_by_the_modes_definition(bn_mode):
     """A plain tower function calling a shared Sequential-style model, training=True."""
     images, labels = km.batch(10)
     with tf.Graph().as_default():

@@ -1,4 +1,4 @@
-"""A user's own training script, as towerlib.launch runs it (issue 32, item 4a's test).
+"""A user's own training script, as towerlib.launch runs it.
 
     towerlib-launch --workers 2 --max_restarts 2 -- python launch_job.py TRAIN_DIR MAX_STEPS
 

@@ -1,4 +1,4 @@
-"""towerlib.launch end to end (issue 32, item 4a): 2 workers x 2 towers of a user's own
+"""towerlib.launch end to end: 2 workers x 2 towers of a user's own
 script (launch_job.py); worker 1 SIGKILLed mid-run; the launcher stops worker 0, starts
 both again, they resume from the newest checkpoint both have and end bit-identical to an
 uninterrupted launch of the same job; no process is left. Also measures the restart time

@@ -300,7 +300,7 @@ def test_updates_inside_the_cond_run_on_their_variables_devices():
 
 @pytest.mark.parametrize("scale", [1e-30, 0.5, 0, -4.0])
 def test_a_fixed_loss_scale_below_1_is_refused(scale):
-    """Issue 34, item 10: Float16(loss_scale=1e-30) built and trained with weights that
+    """Float16(loss_scale=1e-30) built and trained with weights that
     never moved (every gradient underflowed in float16)."""
     with pytest.raises(ValueError, match=r"finite number >= 1 .* the weights stop moving"):
         towerlib.Float16(loss_scale=scale)

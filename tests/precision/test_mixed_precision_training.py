@@ -134,7 +134,7 @@ def test_the_scale_survives_a_checkpoint_and_resume(tmp_path):
 
 
 def test_skipped_steps_and_the_scale_are_logged_and_summarized(tmp_path, caplog):
-    """Issue 22, items 25 and 27: a skipped float16 step says so, every line names the
+    """A skipped float16 step says so, every line names the
     scale, TensorBoard gets loss_scale, global_step/sec and a point at the last step."""
     with tf.Graph().as_default():
         train = _build("float16")
@@ -221,7 +221,7 @@ def test_replicated_bfloat16_all_reduce_in_either_dtype(in_compute_dtype):
 
 @pytest.mark.parametrize("loss_scale", [-1, 0, float("inf"), float("nan"), "dynamc", True])
 def test_float16_names_a_bad_loss_scale_and_the_fix(loss_scale):
-    """Issue 22, item 8: the error names loss_scale, not just 'value'."""
+    """The error names loss_scale, not just 'value'."""
     with pytest.raises(ValueError, match=r"Float16\(loss_scale=.*loss scale.*Fix: "):
         towerlib.Float16(loss_scale=loss_scale)
 

@@ -1,5 +1,5 @@
 """A checkpoint that does not fit the graph is refused before the first step, and a
-session that keeps failing is recreated a bounded number of times (issue 34, items 1, 9)."""
+session that keeps failing is recreated a bounded number of times."""
 
 import os
 

@@ -176,7 +176,7 @@ def test_leftovers_of_killed_writers_are_removed_and_nothing_else(model, tmp_pat
         os.path.join("model.ckpt-5_temp", "part-00000-of-00001.index"),
         "checkpoint.tmp-" + "0123456789abcdef" * 2,  # towerlib's state temporary
     ]
-    # A user's files of similar names (issue 34, item 5): never towerlib's to delete.
+    # A user's files of similar names: never towerlib's to delete.
     keep = ["notes.txt", "eval_temp", "events.out.tfevents.1.host",
             "model.ckpt-7.data-00000-of-00001", "checkpoint.tmp_notes", "checkpoint.tmp.keep",
             "checkpoint_notes.txt", os.path.join("mine-3_temp", "results.csv")]

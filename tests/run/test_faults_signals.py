@@ -45,7 +45,7 @@ def test_sigterm_and_sigint_save_a_final_checkpoint_and_exit_cleanly(pool, tmp_p
 
 def test_a_signal_stops_a_run_whose_session_is_being_recreated(pool, tmp_path):
     # Every step aborts: no step ever completes, so a stop requested "after the
-    # step" would never come (issue 34, item 1: a SIGTERM was swallowed).
+    # step" would never come (a SIGTERM was swallowed).
     train_dir = str(tmp_path / "train")
     process = pool.train_tiny(train_dir, 100, "--abort_every_step",
                               "--max_recreations", 100000)

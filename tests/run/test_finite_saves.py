@@ -1,4 +1,4 @@
-"""No checkpoint with a NaN or Inf variable is ever saved (issue 34, item 7): an Inf
+"""No checkpoint with a NaN or Inf variable is ever saved: an Inf
 gradient that the loss-only guard lets through makes the weights Inf while the loss of
 that step is finite; the save of that step (periodic or final) is refused, naming the
 variable, and the newest checkpoint stays the last good one."""

@@ -1,4 +1,4 @@
-"""One trainer per train_dir (issue 34, item 8): a second one is refused in one line naming
+"""One trainer per train_dir: a second one is refused in one line naming
 the folder and the holder's pid; a killed holder leaves nothing stuck."""
 
 import os

@@ -1,4 +1,4 @@
-"""max_steps is the global step to stop at; an input that ends at once is named (issue 22)."""
+"""max_steps is the global step to stop at; an input that ends at once is named."""
 
 import logging
 import os

@@ -1,4 +1,4 @@
-"""A train_dir starting with '~' is refused: Python does not expand it (issue 34, item 10)."""
+"""A train_dir starting with '~' is refused: Python does not expand it."""
 
 import os
 

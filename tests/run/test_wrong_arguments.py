@@ -1,6 +1,6 @@
 """Arguments of the wrong type are one line naming the fix, before TensorFlow reads them.
 
-Issue 34, item 12: each of these failed deep (a bare AttributeError, TypeError or
+Each of these failed deep (a bare AttributeError, TypeError or
 ZeroDivisionError, or TensorFlow's device error 19 frames down).
 """
 
@@ -66,7 +66,7 @@ def test_library_functions_name_a_wrong_argument():
 
 
 def test_a_graph_built_for_several_workers_is_refused_in_a_local_session(tmp_path):
-    """Issue 34, item 13: it waited the collective timeout (300 s), then listed partial
+    """It waited the collective timeout (300 s), then listed partial
     fetches instead of saying that no other worker can be reached."""
     with tf.Graph().as_default():
         train = towerlib.build_train_graph(

@@ -293,7 +293,7 @@ def test_all_towers_moving_statistics_are_numpys_pooled_update():
 
 
 def test_run_training_names_a_run_time_batch_too_small_in_its_first_line(tmp_path):
-    """Issue 22, item 9: 3 examples, 2 towers, 2 micro-batches, size known at run time."""
+    """3 examples, 2 towers, 2 micro-batches, size known at run time."""
     with tf.Graph().as_default():
         train = towerlib.build_train_graph(
             helpers.linear_classifier_tower, helpers.run_time_batches(3, 3),

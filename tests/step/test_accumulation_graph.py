@@ -1,9 +1,9 @@
-"""The graph accumulation builds: the towers once, in a loop (issue 23 item 1).
+"""The graph accumulation builds: the towers once, in a loop.
 
 The tests check that the graph (with its function library, where the
 loop's body is) is the same size whatever k, that it sorts topologically,
 and that TensorFlow's graph optimizer logs no failed topological sort on
-the first step (issue 22 item 18).
+the first step.
 """
 
 import collections
@@ -152,7 +152,7 @@ _FIRST_STEP = textwrap.dedent("""
 
 @pytest.mark.slow  # a fresh Python, to read TensorFlow's C++ log
 def test_first_step_logs_no_failed_topological_sort():
-    """Issue 22 item 18: grappler's layout and dependency optimizers sort the step's graph."""
+    """Grappler's layout and dependency optimizers sort the step's graph."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0",
                PYTHONPATH=helpers.REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     run = subprocess.run([sys.executable, "-c", _FIRST_STEP], capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""What the accumulation loop keeps across micro-batches, and what it does not (issue 23).
+"""What the accumulation loop keeps across micro-batches, and what it does not.
 
 The towers of an accumulated step run k times in one loop within the step's
 session run (towerlib.step.micro_loop); the values crossing micro-batches live

@@ -1,4 +1,4 @@
-"""The accumulation loop next to what else the graph holds (a review's findings, issue 23).
+"""The accumulation loop next to what else the graph holds.
 
 The loop's body is a function graph with names and collections of its own
 making: these tests build it next to an evaluation, a second training graph,

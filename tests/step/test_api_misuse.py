@@ -83,7 +83,7 @@ def test_embedding_refuses_float_ids():
 
 
 def test_pooling_strides_default_to_the_pool_size():
-    """Issue 22, item 29: layers.max_pool2d(h, 2) as in other layer libraries."""
+    """Layers.max_pool2d(h, 2) as in other layer libraries."""
     with tf.Graph().as_default():
         h = tf.zeros([1, 8, 8, 3])
         assert layers.max_pool2d(h, 2).shape.as_list() == [1, 4, 4, 3]
@@ -92,7 +92,7 @@ def test_pooling_strides_default_to_the_pool_size():
 
 
 def test_device_type_that_disagrees_with_the_devices_given_is_refused():
-    """Issue 34, item 10: devices=[CPU:0, CPU:1] with device_type='gpu' ignored the type."""
+    """Devices=[CPU:0, CPU:1] with device_type='gpu' ignored the type."""
     def tower(x, ctx):
         w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
         return tf.reduce_mean(x * w)

@@ -12,7 +12,7 @@ import tensorflow as tf
 import towerlib
 from towerlib.checks.declared_options import REQUIRED
 from towerlib.checks.loop_options import LOOP_OPTIONS
-from towerlib.cluster.sync_replicas import SYNC_STEP_OPTIONS
+from towerlib.cluster.ps_step import SYNC_STEP_OPTIONS
 from towerlib.step.options import STEP_OPTIONS
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

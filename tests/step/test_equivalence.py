@@ -47,7 +47,7 @@ def test_dynamic_batch_size_matches_one_device(num_towers):
 
 
 def test_per_tower_input_function_matches_one_device():
-    """Each tower reads its own slice (seed 001): same as the whole batch at once."""
+    """Each tower reads its own slice: same as the whole batch at once."""
     import tensorflow as tf
     batch = helpers.image_batch(9, seed=5)
     reference = helpers.run_reference(helpers.conv_dense_model, batch, "sgd")

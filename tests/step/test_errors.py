@@ -209,7 +209,6 @@ def test_static_and_run_time_batch_dimensions_that_differ():
 
 
 def test_a_float64_loss_is_named_with_the_fix():
-    """Issue 22, item 10."""
     def tower(inputs, ctx):
         weights = tf.compat.v1.get_variable("w", [4 * 4 * 3, 2], dtype=tf.float64)
         flat = tf.reshape(tf.cast(inputs[0], tf.float64), [-1, 4 * 4 * 3])
@@ -225,7 +224,7 @@ def test_a_float64_loss_is_named_with_the_fix():
 
 
 def test_a_loss_that_reads_no_variable_is_named():
-    """Issue 22, item 11: not TensorFlow's 'No variables provided.'"""
+    """Not TensorFlow's 'No variables provided.'"""
     def tower(inputs, ctx):
         tf.compat.v1.get_variable("w", [2, 2])
         return tf.reduce_mean(inputs)
@@ -239,7 +238,7 @@ def test_a_loss_that_reads_no_variable_is_named():
 
 
 def test_an_input_function_with_another_structure_per_tower_is_named():
-    """Issue 22, item 12: a pair for tower 0, a triple for tower 1."""
+    """A pair for tower 0, a triple for tower 1."""
     def input_fn(ctx):
         pair = (tf.zeros([2, 3]), tf.zeros([2], tf.int32))
         return pair if ctx.index == 0 else pair + (tf.zeros([2]),)
@@ -258,7 +257,7 @@ def test_an_input_function_with_another_structure_per_tower_is_named():
 
 @pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")), reason="needs no GPU")
 def test_a_gpu_tower_this_process_does_not_have_is_named(caplog):
-    """Issue 22, item 6: soft placement would run it on the CPU without a word."""
+    """Soft placement would run it on the CPU without a word."""
     with tf.Graph().as_default(), caplog.at_level("WARNING", logger="towerlib"):
         towerlib.build_train_graph(
             lambda x, ctx: tf.reduce_mean(x * tf.compat.v1.get_variable("w", [2])),

@@ -1,4 +1,4 @@
-"""TrainGraph.initialize changes no op a session already ran (issue 34, item 14).
+"""TrainGraph.initialize changes no op a session already ran.
 
 TensorFlow warns 'was changed by setting attribute after it was run by a session' when
 an op that ran is grouped into a new op later, and says a future release makes it an

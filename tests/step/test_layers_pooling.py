@@ -1,4 +1,4 @@
-"""towerlib.layers' pooling: strides default to the pool size (issue 22 item 29)."""
+"""towerlib.layers' pooling: strides default to the pool size."""
 
 import inspect
 

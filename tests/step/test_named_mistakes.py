@@ -1,4 +1,4 @@
-"""Mistakes TensorFlow reports deep in its stack, named first in one line (issue 34, item 12)."""
+"""Mistakes TensorFlow reports deep in its stack, named first in one line."""
 
 import pytest
 import tensorflow as tf

@@ -1,4 +1,4 @@
-"""NumPy numbers are accepted wherever a Python number is (issue 34, item 11)."""
+"""NumPy numbers are accepted wherever a Python number is."""
 
 import numpy as np
 import tensorflow as tf

@@ -100,7 +100,7 @@ def test_in_run_training_the_traced_steps_are_the_logged_ones(tmp_path, caplog):
 
 
 def test_a_resumed_run_says_which_trace_steps_it_has_passed(tmp_path, caplog):
-    """Issue 34, item 10: steps already passed when a run resumes traced nothing, silently."""
+    """Steps already passed when a run resumes traced nothing, silently."""
     train_dir = tmp_path / "train"
     for max_steps, trace_steps in ((3, []), (5, [2, 4])):
         with tf.Graph().as_default():

@@ -101,7 +101,7 @@ def test_chrome_trace_has_a_process_per_lane_and_rows_that_do_not_overlap(traced
         events = json.load(stream)["traceEvents"]
     names = [e["args"]["name"] for e in events if e["name"] == "process_name"]
     assert len(names) == len(metadata.step_stats.dev_stats)
-    # The towers' lanes first, in tower order and named by tower (issue 34, item 14),
+    # The towers' lanes first, in tower order and named by tower,
     # then the others in the trace's order.
     lanes = [lane.device for lane in metadata.step_stats.dev_stats]
     tower_lanes = [next(lane for lane in lanes if lane.endswith(device.split("/")[-1]))

@@ -1,4 +1,4 @@
-"""What a replicated build adds to the graph over a parameter server's (issue 23).
+"""What a replicated build adds to the graph over a parameter server's.
 
 Node counts, not times: deterministic, and what the build time follows (a
 graph's nodes cost about the same to build whoever makes them). A replicated

@@ -385,7 +385,7 @@ def test_tutorial_weight_decay_in_every_tower_works_with_copies():
 
 
 def test_initialize_prepares_every_copy_for_a_plain_session():
-    """Issue 22, item 22: one call, no ordering of initializers to remember."""
+    """One call, no ordering of initializers to remember."""
     with tf.Graph().as_default():
         train = helpers.build_on_image_batch(3, update="replicated")
         with tf.compat.v1.Session(config=towerlib.session_config(3)) as session:

@@ -18,7 +18,7 @@ from towerlib.checks import loop_options
 from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
 from towerlib.step import options as step_options
-from towerlib.update import choose as update_choose
+from towerlib.update import choice as update_choice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,13 +255,13 @@ def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode
         try:
             step_options.check_workers_apply(
                 resolved["workers"],
-                resolved.get("update") or update_choose.resolve_update("parameter_server"))
+                resolved.get("update") or update_choice.resolve_update("parameter_server"))
         except ValueError as error:
             _add_error(check, "workers", error)
     if resolved.get("exchange") is not None:
         try:
             step_options.check_exchange_applies(
                 resolved["exchange"], bn_mode or "first_tower",
-                resolved.get("update") or update_choose.resolve_update("parameter_server"))
+                resolved.get("update") or update_choice.resolve_update("parameter_server"))
         except ValueError as error:
             _add_error(check, "exchange", error)

@@ -28,9 +28,9 @@ Without ps tasks, `build_sync_train_graph(..., update=towerlib.Replicated())`
 trains by all-reduce across the workers instead (`allreduce`), and
 `run_distributed_training` runs it.
 
-Modules: `spec` says which cluster and which task, `allreduce` the
+Modules: `spec` says which cluster and which task, `allreduce_job` the
 all-reduce path, `placement` where ops and
-variables go, `sync_replicas` builds the synchronous step, `runtime` runs it
+variables go, `ps_step` builds the ps path's synchronous step, `runtime` runs it
 to a clean end on every task, `recovery` bounds the wait for a lost ps task,
 `replica_watch` the wait for a lost worker.
 """
@@ -42,7 +42,7 @@ from towerlib.lazy_names import lazy_loader
 # The public names, each imported on first use (towerlib's __init__ says how): so
 # `from towerlib.cluster.exits import RETRYABLE` (towerlib-launch) needs no TensorFlow.
 if TYPE_CHECKING:
-    from towerlib.cluster.allreduce import (
+    from towerlib.cluster.allreduce_job import (
         AllReduceTrainGraph,
         WorkerLostError,
         build_allreduce_train_graph,
@@ -90,7 +90,7 @@ if TYPE_CHECKING:
         parse_host_list,
         resolve_cluster,
     )
-    from towerlib.cluster.sync_replicas import (
+    from towerlib.cluster.ps_step import (
         SyncReplicasInitHook,
         SyncReplicasTowerOptimizer,
         SyncTrainGraph,

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from towerlib.exchange.safety import PeerTimeoutError
 from towerlib.run import trainer as trainer_lib
-from towerlib.cluster import allreduce
+from towerlib.cluster import allreduce_job
 from towerlib.cluster import recovery
 from towerlib.cluster import replica_watch
 from towerlib.cluster.placement import start_server
@@ -161,7 +161,7 @@ def run_distributed_training(
     """Runs this replica's training until global_step reaches max_steps.
 
     An all-reduce job (build_sync_train_graph with update=towerlib.Replicated())
-    runs through towerlib.cluster.allreduce.run_allreduce_training; what
+    runs through towerlib.cluster.allreduce_job.run_allreduce_training; what
     follows is the parameter-server path.
 
     The chief initializes or restores from the latest checkpoint in train_dir,
@@ -204,8 +204,8 @@ def run_distributed_training(
         for a replica (killed, stopped or never started).
     """
     cluster = sync_graph.cluster
-    if isinstance(sync_graph, allreduce.AllReduceTrainGraph):
-        return allreduce.run_allreduce_training(
+    if isinstance(sync_graph, allreduce_job.AllReduceTrainGraph):
+        return allreduce_job.run_allreduce_training(
             sync_graph, server, train_dir=train_dir, max_steps=max_steps, hooks=hooks,
             startup_timeout_secs=startup_timeout_secs,
             step_deadline_secs=step_deadline_secs, **run_kwargs)

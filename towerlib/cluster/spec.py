@@ -252,7 +252,7 @@ def cluster_from_flags(ps_hosts="", worker_hosts="", job_name="", task_index=0):
 
     Worker 0 is the chief. Returns None when all of ps_hosts, worker_hosts and
     job_name are empty (a one-machine run). Without ps_hosts the workers
-    train with all-reduce (towerlib.cluster.allreduce).
+    train with all-reduce (towerlib.cluster.allreduce_job).
 
     Raises:
       ValueError: naming the flag that is missing or malformed.

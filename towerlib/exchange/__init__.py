@@ -11,7 +11,7 @@ The package, one job per module:
   keys.py         collective group and instance keys, unique per graph
   packing.py      many same-dtype tensors into one exchange
   graph_hub.py    the 'graph' transport: one hub op per exchange (CPU default)
-  collectives.py  the 'collective' transport: collective ops, NCCL on GPUs
+  collective_transport.py  the 'collective' transport: collective ops, NCCL on GPUs
   safety.py       fetch checks, run deadlines, timeouts explained
   choice.py       `exchange=`: GraphExchange, CollectiveExchange
   transport_rules.py  which transport by default, and each one's arguments

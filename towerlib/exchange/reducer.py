@@ -34,7 +34,7 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from towerlib.exchange import collectives, graph_hub, keys, ledger, packing, transport_rules
+from towerlib.exchange import collective_transport, graph_hub, keys, ledger, packing, transport_rules
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.exchange.transport_rules import TRANSPORTS
 from towerlib.internals import function_graphs
@@ -109,7 +109,7 @@ class CrossTowerReducer:
         if transport == "graph":
             self._channel = graph_hub.GraphHubTransport(devices)
         else:
-            self._channel = collectives.CollectiveTransport(
+            self._channel = collective_transport.CollectiveTransport(
                 devices, group_key, communication_hint, self._timeout_seconds, self._ordered,
                 group_size=self._group_size)
 

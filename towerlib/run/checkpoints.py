@@ -198,7 +198,7 @@ def restorable_steps(train_dir):
     """{global step: prefix} of the complete checkpoints in `train_dir`.
 
     Complete means every file is there (values are not read): what workers
-    that must restore the same step compare (towerlib.cluster.allreduce).
+    that must restore the same step compare (towerlib.cluster.allreduce_job).
     """
     if not tf.io.gfile.isdir(train_dir):
         return {}

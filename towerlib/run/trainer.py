@@ -142,7 +142,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         (itertools.count), is refused after reading at most 1001 items.
       restore_from: 'newest' (the newest complete checkpoint in train_dir),
         a checkpoint prefix, or None to start afresh; across workers every
-        worker restores the step they agreed on (towerlib.cluster.allreduce).
+        worker restores the step they agreed on (towerlib.cluster.allreduce_job).
       evaluation: a towerlib.Evaluation: evaluate every N steps, keep the
         best weights in train_dir/best, stop early (towerlib.run.evaluation_loop).
 

@@ -5,7 +5,8 @@
         ema_decay=0.999, var_list=var_list, loss_scale=None, losses=tower_losses)
 
 The chosen batch-norm updates run under control dependencies of the apply
-(seed 000), the weights' moving average after it. With a loss scale
+(which towers' UPDATE_OPS, and where, is the classic question), the weights'
+moving average after it. With a loss scale
 (precision='float16') all three sit inside the loss scale's
 apply_or_skip: a step whose gradients overflow leaves the weights, the
 slots, global_step, the moving statistics and the EMA as they were, and

@@ -5,7 +5,7 @@ accumulation, over k micro-batches first). Each tower differentiates its own
 term of the objective (towerlib.step.objective) on its own device; the
 variable update sums the towers' gradients (towerlib.update) and applies
 them once, under control dependencies of the chosen batch-norm updates
-(seed 000). Options are objects checked before anything is built
+(the first tower's or every tower's, as bn_mode says). Options are objects checked before anything is built
 (towerlib.step.options).
 """
 

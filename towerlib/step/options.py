@@ -23,14 +23,14 @@ from towerlib.batchnorm.modes import BatchNormMode, resolve_bn_mode
 from towerlib.checks.declared_options import Option, OptionTable
 from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
-from towerlib.precision.policy import Precision, resolve_precision
+from towerlib.precision.choice import Precision, resolve_precision
 from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.step import towers as towers_lib
 from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
 from towerlib.update.base import UpdateChoice
-from towerlib.update.choose import resolve_update
+from towerlib.update.choice import resolve_update
 
 __all__ = ["OPTION_CHECKS", "STEP_OPTIONS", "StepOptions", "check_ema_decay", "check_exchange_applies",
            "check_optimizer", "check_workers_apply", "resolve_step_options",

@@ -3,7 +3,7 @@
 Tower i runs under name scope 'tower_i' on its device, inside one variable
 scope that tower 0 creates variables in and every later tower reuses. All
 the towers are built before any of them runs: the Python loop builds a graph,
-and the session runs the towers in parallel (seed 001).
+and the session runs the towers in parallel.
 """
 
 import dataclasses

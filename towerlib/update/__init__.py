@@ -12,14 +12,14 @@ The package, one job per module:
   allreduce.py         the gradients' all-reduce: packing, sparse gathers, wire dtype
   broadcast.py         across workers: every copy set to the chief's values at start
   aggregation.py       summing per-tower gradients on a variable's device
-  choose.py            `update=`: an object, or its name for the defaults
+  choice.py            `update=`: an object, or its name for the defaults
 
 Both ways compute the same update, one optimizer step on the mean loss of
 the global batch; they differ in what crosses between devices each step.
 """
 
 from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
-from towerlib.update.choose import UPDATE_NAMES, resolve_update
+from towerlib.update.choice import UPDATE_NAMES, resolve_update
 from towerlib.update.parameter_server import ParameterServer
 from towerlib.update.replicated import DEFAULT_PACK_BYTES, Replicated
 

@@ -34,9 +34,9 @@ from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.step.build import build_train_graph
 from towerlib.step.options import STEP_OPTIONS, check_ema_decay
 from towerlib.step.train_graph import TrainGraph
-from towerlib.update.choose import resolve_update
+from towerlib.update.choice import resolve_update
 from towerlib.update.parameter_server import ParameterServer
-from towerlib.cluster import allreduce
+from towerlib.cluster import allreduce_job
 from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo, check_cluster
 from towerlib.internals import deprecations
@@ -193,7 +193,7 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, device_funct
     `update` chooses how the workers combine, as on one machine: None or
     towerlib.ParameterServer() trains through the ps tasks (below);
     towerlib.Replicated() all-reduces across the workers, in a cluster
-    without ps tasks (towerlib.cluster.allreduce, which takes every option
+    without ps tasks (towerlib.cluster.allreduce_job, which takes every option
     of build_train_graph, bn_mode='sync' included).
 
     Call it in every replica with the same model, optimizer and arguments;
@@ -239,7 +239,7 @@ def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, device_funct
             f"{update!r} keeps a copy of each on every worker. Fix: drop device_function "
             "(build the inputs under tf.device(cluster.task_device)).")
     if update.exchanges_gradients:
-        return allreduce.build_allreduce_train_graph(
+        return allreduce_job.build_allreduce_train_graph(
             tower_fn, inputs, optimizer, cluster, **dict(options, update=update))
     return _build_through_ps_tasks(tower_fn, inputs, optimizer, cluster, device_function,
                                    options)
