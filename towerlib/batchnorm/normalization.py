@@ -321,9 +321,9 @@ def statistics_across_workers(records, bn_mode, reducer):
     if reducer is None or not reducer.workers.spans_workers:
         return None
     with tf.name_scope("batch_norm_statistics"):
-        return {layer: worker_statistics.statistics_for_copies(
-                    layer, layer_statistics, bn_mode, reducer)
-                for layer, layer_statistics in records.batch_norm.items()}
+        if not records.batch_norm:
+            return {}
+        return worker_statistics.statistics_for_layers(records.batch_norm, bn_mode, reducer)
 
 
 def moving_average_updates(records, bn_mode, shared=None):
