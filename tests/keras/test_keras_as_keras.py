@@ -279,3 +279,28 @@ def test_accumulated_micro_batches_pool_to_keras_own_statistics(update):
     for name in ("bn/moving_mean:0", "bn/moving_variance:0"):
         index = names.index(name)
         np.testing.assert_allclose(got[index], want[index][1], atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("options", [dict(accumulation_steps=2), dict(precision="bfloat16"),
+                                     dict(accumulation_steps=2, update=towerlib.Replicated())],
+                         ids=["accumulation", "bfloat16", "accumulation-replicated"])
+def test_frozen_stays_frozen_with_accumulation_and_half_precision(options):
+    images, labels = km.batch(12)
+    with tf.Graph().as_default():
+        tower = towerlib.KerasTower(frozen_conv_model, CROSS_ENTROPY)
+        train = towerlib.build_train_graph(
+            tower, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.MomentumOptimizer(0.05, 0.9), num_towers=2, bn_mode="sync",
+            **options)
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            train.initialize(session)
+            for _ in range(2):
+                session.run(train.train_op)
+            values = session.run(variables)
+    initial = km.initial_weights()
+    for name in ("conv/kernel", "conv/bias", "bn/gamma", "bn/beta", "bn/moving_mean",
+                 "bn/moving_variance"):
+        np.testing.assert_array_equal(values[name], initial[name], err_msg=name)
+    assert not any(n.startswith(("conv/", "bn/")) and n.endswith("/Momentum") for n in values)
+    assert np.abs(values["logits/kernel"] - initial["logits/kernel"]).max() > 1e-4
