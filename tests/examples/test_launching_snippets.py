@@ -24,6 +24,7 @@ import time
 import pytest
 import yaml
 
+from tests.process_table import session_members
 from tests import helpers
 from tests.distributed_processes import free_ports
 from towerlib.cluster import exits
@@ -84,20 +85,6 @@ def _environment(**changes):
     return environ
 
 
-def _members(session_id):
-    members = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z" and int(fields[3]) == session_id:
-                members.append(int(name))
-    return members
-
-
 class _Started:
     """Processes each in a session of their own; all stopped and checked at the end."""
 
@@ -125,9 +112,9 @@ class _Started:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
             deadline = time.monotonic() + 10
-            while _members(process.pid) and time.monotonic() < deadline:
+            while session_members(process.pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            for pid in _members(process.pid):
+            for pid in session_members(process.pid):
                 left.append(pid)
                 os.kill(pid, signal.SIGKILL)
         return left
