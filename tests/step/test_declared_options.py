@@ -108,3 +108,11 @@ def test_a_mode_object_says_what_it_needs():
         second = towerlib.TowerContext(index=1, num_towers=2)
     assert [modes["first_tower"].runs_update_ops_of(c) for c in (first, second)] == [True,
                                                                                     False]
+
+
+def test_validate_config_takes_every_run_training_option():
+    towerlib.validate_config(restore_from=None, hooks=(), evaluation=None, scaffold=None,
+                             session_creator_wrapper=None, stop_on_signals=(2, 15),
+                             collective_timeout_secs=60.0)
+    with pytest.raises(towerlib.ConfigError, match="stop_on_signals"):
+        towerlib.validate_config(stop_on_signals=(9,))

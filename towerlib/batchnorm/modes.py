@@ -14,8 +14,8 @@ so no other module compares a mode with a string:
 | ALL_TOWERS | each tower's shard | every tower's, pooled | every tower's |
 | SYNC | the global batch | the global batch (tower 0's copy) | every tower's |
 
-A mode equals (and hashes as) its name, so `ctx.bn_mode == "sync"` in a
-tower function keeps working, and str(mode) is the name.
+A mode is a str, its name, so a tower function that compares ctx.bn_mode
+with a name, prints it or writes it to JSON keeps working.
 """
 
 import enum
@@ -46,11 +46,13 @@ class BnMode(str, enum.Enum):
 BN_MODES = tuple(mode.value for mode in BnMode)
 
 
-class BatchNormMode:
+class BatchNormMode(str):
     """The protocol every mode follows (see the module docstring's table).
 
+    A mode is a str (its name), so it compares, hashes, prints and serializes
+    as the shorthand it was given as; towerlib itself asks its attributes.
+
     Attributes:
-      name: the shorthand, one of BN_MODES.
       normalizes_globally: a training layer normalizes with the whole global
         batch's statistics, which crosses between towers (and workers).
       pools_every_tower: the moving statistics take every tower's shard.
@@ -58,10 +60,13 @@ class BatchNormMode:
         norm could break).
     """
 
-    name = ""
+    mode_name = ""
     normalizes_globally = False
     pools_every_tower = False
     promise = None
+
+    def __new__(cls):
+        return super().__new__(cls, cls.mode_name)
 
     def exchanges(self, num_towers, peers=1):
         """Whether a training layer exchanges statistics on `num_towers` towers (and
@@ -82,32 +87,16 @@ class BatchNormMode:
         """Raises ValueError when the mode cannot span `num_replicas` ps-path replicas."""
         del num_replicas
 
-    def __eq__(self, other):
-        if isinstance(other, BatchNormMode):
-            return other.name == self.name
-        if isinstance(other, str):
-            return other == self.name
-        return NotImplemented
-
-    def __hash__(self):
-        return hash(self.name)
-
-    def __str__(self):
-        return self.name
-
-    def __repr__(self):
-        return repr(self.name)
-
 
 class _FirstTower(BatchNormMode):
-    name = "first_tower"
+    mode_name = "first_tower"
 
     def runs_update_ops_of(self, tower_context):
         return tower_context.is_first
 
 
 class _AllTowers(BatchNormMode):
-    name = "all_towers"
+    mode_name = "all_towers"
     pools_every_tower = True
     promise = ("updates the moving statistics once a step from the pooled statistics of "
                "the whole global batch")
@@ -117,7 +106,7 @@ class _AllTowers(BatchNormMode):
 
 
 class _Sync(BatchNormMode):
-    name = "sync"
+    mode_name = "sync"
     normalizes_globally = True
     promise = ("normalizes every tower with the statistics of the whole global batch and "
                "updates the moving statistics from them")
@@ -134,7 +123,7 @@ class _Sync(BatchNormMode):
 
 
 FIRST_TOWER, ALL_TOWERS, SYNC = _FirstTower(), _AllTowers(), _Sync()
-_BY_NAME = {mode.name: mode for mode in (FIRST_TOWER, ALL_TOWERS, SYNC)}
+_BY_NAME = {str(mode): mode for mode in (FIRST_TOWER, ALL_TOWERS, SYNC)}
 
 
 def resolve_bn_mode(bn_mode):

@@ -8,10 +8,11 @@ Keras mixed policy under precision float32 would run them in half precision:
 either way the run is not the precision asked for. Read from the tower's
 forward ops (their dtype attribute `T`) right after tower 0 is built:
 
-- float32 asked, some heavy op in half precision: refused;
-- half asked, none in it: refused;
-- half asked, some kept in float32 (a final layer kept in float32, as Keras
-  recommends): one warning line naming how many and the first.
+- half asked, none in it (the precision would change nothing): refused;
+- float32 asked and some in half precision (a Keras mixed policy, or casts
+  of your own), or half asked and some kept in float32 (a final layer kept
+  in float32, as Keras recommends): one warning line naming how many, the
+  first and the fix. (KerasTower refuses a Keras policy that disagrees.)
 """
 
 import logging
@@ -46,12 +47,11 @@ def check_compute_dtype(ops, compute_dtype, tower_scope):
     half = sorted(d for d in found if d in _POLICY)
     if compute == "float32":
         if half:
-            raise ValueError(
-                f"Tower 0 computes {len(found[half[0]])} matmuls or convolutions in "
-                f"{half[0]} (first: {found[half[0]][0]}), a Keras mixed-precision policy, "
-                f"but the build's precision is float32. Fix: precision=towerlib."
-                f"{_PRECISION[half[0]]}() (the policy then means the same), or build the "
-                "model under the 'float32' policy.")
+            logger.warning(
+                "Tower 0 computes %d matmuls or convolutions in %s (first: %s) although the "
+                "build's precision is float32: a Keras mixed-precision policy, or casts of "
+                "your own. If that is meant, say it: precision=towerlib.%s().",
+                len(found[half[0]]), half[0], found[half[0]][0], _PRECISION[half[0]])
         return
     wanted, in_float32 = found.get(compute, []), found.get("float32", [])
     if in_float32 and not wanted:

@@ -119,7 +119,8 @@ _REQUIRED_FIXES = {
 # validate_config's own options, next to the build's and the loop's.
 _OWN = ("tower_fn", "inputs", "optimizer", "global_batch_size", "per_tower_batch_size",
         "probe_writes", "required")
-# The loop options it judges (the rest, such as hooks, run_training judges itself).
+# The loop options judged with each other (hooks, stop_on_signals and the collective
+# timeout by run_training's pre-check; scaffold, restore_from, evaluation when running).
 _LOOP_CHECKED = ("train_dir", "max_steps", "save_checkpoint_steps", "save_checkpoint_secs",
                  "save_summaries_steps", "log_every_n_steps", "examples_per_step",
                  "max_checkpoints_to_keep", "trace_steps", "master", "is_chief",
@@ -184,12 +185,13 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, global_batch_
     _check_step_combinations(check, resolved, towers, global_batch_size, step["bn_mode"],
                              optimizer if "optimizer" in resolved else None)
     _check_loop(check, loop, probe_writes)
+    _check_loop_arguments(check, options)
     if check.problems:
         raise ConfigError(check.problems)
 
 
 def _check_names(check, options):
-    known = step_options.STEP_OPTIONS.names + _LOOP_CHECKED + _OWN
+    known = step_options.STEP_OPTIONS.names + loop_options.LOOP_OPTIONS.names + _OWN
     for name in options:
         if name not in known:
             closest = difflib.get_close_matches(name, known, n=1)
@@ -204,6 +206,20 @@ def _session_config(check, session_config):
                   "pass towerlib.session_config(num_towers) or a tf.compat.v1.ConfigProto.")
         return None
     return session_config
+
+
+def _check_loop_arguments(check, options):
+    """hooks, stop_on_signals and collective_timeout_secs when given: run_training's own
+    pre-check (their types), so both say the same."""
+    given = {name: options[name] for name in ("hooks", "stop_on_signals",
+                                              "collective_timeout_secs") if name in options}
+    if not given:
+        return
+    defaults = {o.name: o.default for o in loop_options.LOOP_OPTIONS.options}
+    arguments = {name: given.get(name, defaults[name]) for name in defaults
+                 if name in ("hooks", "stop_on_signals", "collective_timeout_secs")}
+    for option, problem, fix in loop_options.loop_argument_problems(**arguments):
+        check.add(option, problem, fix)
 
 
 def _check_loop(check, loop, probe_writes):

@@ -137,6 +137,7 @@ class StepObjective:
           collection replaced by its data summands) and, per tower, its
           float32 scalar objective, built in its name scope and on its device.
         """
+        towers = [_loss_in_float32(tower) for tower in towers]
         for tower in towers:
             if tower.loss.dtype == tf.float64:
                 raise TypeError(
@@ -228,3 +229,12 @@ class StepObjective:
                                   name="regularization_loss")
         return StepLosses(loss, regularization,
                           tf.add(loss, regularization, name="total_loss"))
+
+
+def _loss_in_float32(tower):
+    """A half-precision loss (a Keras mixed policy's, under precision float32) in float32,
+    as towerlib's half precisions hand it: the towers are weighed and summed in float32."""
+    if tower.loss.dtype not in (tf.float16, tf.bfloat16):
+        return tower
+    with tf.name_scope(tower.context.name_scope), tf.device(tower.context.device):
+        return dataclasses.replace(tower, loss=tf.cast(tower.loss, tf.float32))
