@@ -15,10 +15,10 @@ UPDATES = {"ps": towerlib.ParameterServer, "replicated": towerlib.Replicated}
 CROSS_ENTROPY = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def conv_model(base_trainable=True):
+def conv_model(base_trainable=True, seed=7):
     """base (conv -> BatchNormalization -> ReLU, a model of its own) -> pool -> Dense."""
     const = tf_keras.initializers.Constant
-    w = km.initial_weights()
+    w = km.initial_weights(seed)
     inputs = tf_keras.Input((8, 8, 3))
     h = tf_keras.layers.Conv2D(km.CHANNELS, 3, name="conv",
                                kernel_initializer=const(w["conv/kernel"]),

@@ -90,3 +90,34 @@ def test_a_checkpoint_missing_more_than_new_slots_is_still_refused(tmp_path):
             towerlib.run_training(train, train_dir=str(tmp_path / "other"), max_steps=2,
                                   restore_from=first.checkpoint,
                                   session_config=towerlib.session_config(2))
+
+
+def test_new_moving_averages_start_from_the_restored_weights(tmp_path):
+    """With ema_decay, phase 2's averages of the newly trained weights are missing from
+    phase 1's checkpoint: they start from the restored weights (as
+    ExponentialMovingAverage starts one), not from phase 2's fresh initial values."""
+    images, labels = km.batch(8)
+
+    def phase(train_dir, make_model, max_steps, restore_from=None):
+        with tf.Graph().as_default():
+            tower = towerlib.KerasTower(make_model, CROSS_ENTROPY)
+            train = towerlib.build_train_graph(
+                tower, (tf.constant(images), tf.constant(labels)),
+                tf.compat.v1.train.MomentumOptimizer(0.05, 0.9), num_towers=2,
+                ema_decay=0.9)
+            result = towerlib.run_training(train, train_dir=str(train_dir),
+                                           max_steps=max_steps, restore_from=restore_from,
+                                           session_config=towerlib.session_config(2))
+            return tf.compat.v1.train.NewCheckpointReader(result.checkpoint)
+
+    first = phase(tmp_path / "head", lambda: conv_model(base_trainable=False), 2)
+    def unfrozen_with_other_initial_values():
+        return conv_model(base_trainable=True, seed=99)
+
+    head_checkpoint = str(tmp_path / "head" / "model.ckpt-2")
+    second = phase(tmp_path / "top", unfrozen_with_other_initial_values, 2,
+                   restore_from=head_checkpoint)  # no step: the state as restored
+    np.testing.assert_array_equal(second.get_tensor("conv/kernel/ExponentialMovingAverage"),
+                                  first.get_tensor("conv/kernel"))
+    assert np.abs(first.get_tensor("conv/kernel")
+                  - km.initial_weights(seed=99)["conv/kernel"]).max() > 0.1

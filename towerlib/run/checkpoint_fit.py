@@ -8,9 +8,11 @@ shapes and dtypes the saver would restore are compared with the checkpoint's
 index (no value is read) before any session exists.
 
 One misfit is a plan, not a refusal: a checkpoint that lacks only the
-optimizer slots of variables it holds (fine-tuning: phase 1 trained a head
-over a frozen base, phase 2 unfroze the base's top) restores every value it
-has, and the new slots start from their initial values (`plan_restore`).
+optimizer slots and moving averages of variables it holds (fine-tuning:
+phase 1 trained a head over a frozen base, phase 2 unfroze the base's top)
+restores every value it has; the new slots start from their initial values
+(zeros) and a new moving average from its variable's restored value, as
+ExponentialMovingAverage starts one (`plan_restore`).
 """
 
 import dataclasses
@@ -94,13 +96,16 @@ class PartialRestore:
     prefix: str
     saver: object
     new_slots: tuple
+    after_restore: object = None  # an op: each new moving average := its variable
 
 
-def plan_restore(prefix, saver=None, trained=()):
+def plan_restore(prefix, saver=None, trained=(), averages=None):
     """None when `prefix` fits the default graph, a PartialRestore when it lacks only the
-    slots of `trained` variables (names) it holds; else CheckpointError (check_fits_graph).
+    slots (and moving averages) of `trained` variables (names) it holds; else
+    CheckpointError (check_fits_graph). `averages`: {moving average's name: its
+    variable} (TrainGraph.ema's).
 
-    Call it before the graph is finalized: a PartialRestore holds a Saver of its own.
+    Call it before the graph is finalized: a PartialRestore holds ops of its own.
     """
     if prefix is None:
         return None
@@ -115,10 +120,20 @@ def plan_restore(prefix, saver=None, trained=()):
         _raise_misfit(prefix, [text for _, text in found])
     kept = {name: value for name, value in _saved_objects(saver).items()
             if name not in set(new_slots)}
-    logger.info("Restoring %s without %d optimizer slots it lacks (variables newly trained, "
-                "e.g. unfrozen for fine-tuning: %s); they start from their initial values.",
-                prefix, len(new_slots), ", ".join(new_slots[:_SHOWN]))
-    return PartialRestore(prefix, tf.compat.v1.train.Saver(var_list=kept), tuple(new_slots))
+    averages = averages or {}
+    new_averages = [name for name in new_slots if name in averages]
+    slots = [name for name in new_slots if name not in averages]
+    logger.info("Restoring %s without the %d optimizer slots and %d moving averages it "
+                "lacks (variables newly trained, e.g. unfrozen for fine-tuning: %s); the "
+                "slots start from their initial values, the averages from their variables.",
+                prefix, len(slots), len(new_averages), ", ".join(new_slots[:_SHOWN]))
+    after = None
+    if new_averages:
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        after = tf.group(*[variables[name].assign(averages[name].read_value())
+                           for name in new_averages], name="new_moving_averages")
+    return PartialRestore(prefix, tf.compat.v1.train.Saver(var_list=kept), tuple(new_slots),
+                          after)
 
 
 def check_fits_graph(prefix, saver=None):

@@ -77,6 +77,8 @@ class ChiefSessionCreator(tf.compat.v1.train.SessionCreator):
         def restore(scaffold, session):
             del scaffold
             partial.saver.restore(session, partial.prefix)
+            if partial.after_restore is not None:
+                session.run(partial.after_restore)
 
         self._scaffold.finalize()
         scaffold = tf.compat.v1.train.Scaffold(copy_from_scaffold=self._scaffold,

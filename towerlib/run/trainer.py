@@ -258,9 +258,13 @@ def _restore_point(loop):
         restore_from = checkpoints.prepare_restore(loop.train_dir)
     elif restore_from is not None:
         logger.info("Restoring %s.", restore_from)
-    trained = [v.op.name for _, v in loop.train_graph.grads_and_vars]
+    trained = [v for _, v in loop.train_graph.grads_and_vars]
+    ema = loop.train_graph.ema
+    averages = {ema.average(v).op.name: v for v in trained
+                if ema is not None and ema.average(v) is not None}
     with loop.graph.as_default():  # before any session: a misfit loops or trains wrong
-        partial = checkpoint_fit.plan_restore(restore_from, loop.scaffold.saver, trained)
+        partial = checkpoint_fit.plan_restore(
+            restore_from, loop.scaffold.saver, [v.op.name for v in trained], averages)
         unsaved = restore_from and data_position.unsaved_iterators(
             loop.train_graph.train_op)
     if unsaved:
