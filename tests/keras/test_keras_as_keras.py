@@ -304,3 +304,53 @@ def test_frozen_stays_frozen_with_accumulation_and_half_precision(options):
         np.testing.assert_array_equal(values[name], initial[name], err_msg=name)
     assert not any(n.startswith(("conv/", "bn/")) and n.endswith("/Momentum") for n in values)
     assert np.abs(values["logits/kernel"] - initial["logits/kernel"]).max() > 1e-4
+
+
+def sequential_model():
+    return tf_keras.Sequential([tf_keras.layers.Flatten(input_shape=(8, 8, 3)),
+                                tf_keras.layers.Dense(km.CLASSES, name="logits")])
+
+
+class Subclassed(tf_keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.flatten = tf_keras.layers.Flatten()
+        self.logits = tf_keras.layers.Dense(km.CLASSES)
+
+    def call(self, inputs):
+        return self.logits(self.flatten(inputs))
+
+
+@pytest.mark.parametrize("kind", ["object", "function"])
+def test_a_model_object_or_function_exports_what_it_trained(kind, tmp_path):
+    """A model object trained in one graph exports from another (a clone of its
+    structure), as a model function does; the SavedModel predicts what the weights do."""
+    images, labels = km.batch(8)
+    with tf.Graph().as_default():
+        tower = towerlib.KerasTower(sequential_model() if kind == "object"
+                                    else sequential_model, CROSS_ENTROPY)
+        train = towerlib.build_train_graph(
+            tower, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.GradientDescentOptimizer(0.5), num_towers=2,
+            update=towerlib.Replicated())
+        result = towerlib.run_training(train, train_dir=str(tmp_path / "run"), max_steps=2,
+                                       session_config=towerlib.session_config(2))
+        kernel = tf.compat.v1.train.NewCheckpointReader(result.checkpoint).get_tensor(
+            "logits/kernel")
+    export_dir = tower.export_saved_model(result.checkpoint, str(tmp_path / "export"))
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], export_dir)
+        signature = meta.signature_def["serving_default"]
+        (given,), (output,) = signature.inputs.values(), signature.outputs.values()
+        served = session.run(output.name, {given.name: images})
+    bias = tf.compat.v1.train.NewCheckpointReader(result.checkpoint).get_tensor("logits/bias")
+    np.testing.assert_allclose(served, images.reshape(8, -1) @ kernel + bias, rtol=1e-4,
+                               atol=1e-4)
+    with pytest.raises(FileExistsError, match="does not write over it"):
+        tower.export_saved_model(result.checkpoint, export_dir)
+
+
+def test_a_subclassed_model_that_was_never_built_is_refused_for_export(tmp_path):
+    with tf.Graph().as_default(), pytest.raises(towerlib.KerasTowerError,
+                                                match="has no weights until it is called"):
+        towerlib.KerasTower(Subclassed, CROSS_ENTROPY).inference_model()

@@ -5,8 +5,9 @@
     tower.save_weights(result.checkpoint, "weights.h5")
     plain = make_model(); plain.load_weights("weights.h5")   # tf_keras, no towerlib
 
-Each builds the model once more in a graph of its own (the KerasTower's
-model function, or its model's structure), restores the checkpoint's values
+Each builds the model once more in a graph of its own
+(KerasTower.inference_model: the model function, or a clone of the model
+object's structure; a subclassed model object is refused), restores the checkpoint's values
 (tower 0's, the plain Keras names) and writes. Nothing is written over: an
 existing export folder or weights file is refused.
 """
@@ -19,7 +20,7 @@ __all__ = ["export_saved_model", "save_weights"]
 
 
 def _restored_model(tower, checkpoint, session):
-    model = tower.model()
+    model = tower.inference_model()
     stored = {v.op.name: v for v in tf.compat.v1.global_variables()}
     weights = {w.op.name: stored.get(w.op.name, w) for w in model.weights}
     tf.compat.v1.train.Saver(var_list=weights).restore(session, checkpoint)

@@ -102,6 +102,31 @@ class KerasTower(TowerModel):
                 models[0] = self._main_model(graph, getter=None, policy=None)
         return models[0]
 
+    def inference_model(self):
+        """The model in the current graph, for inference or an export: model() where the
+        model function builds it, else a clone of the model object's structure (its
+        weights named as the checkpoint's). Restore the checkpoint into its weights."""
+        graph = function_graphs.root_graph(tf.compat.v1.get_default_graph())
+        given = self._given
+        if self._builder() is not None or self._models.get(graph, {}).get(0) is not None \
+                or not (given.built and given.weights) \
+                or function_graphs.root_graph(given.weights[0].graph) is graph:
+            model = self.model()
+        elif _is_clonable(given):
+            model = self._models.setdefault(graph, {})[0] = tf_keras.clone_model(given)
+        else:
+            raise KerasTowerError(
+                f"KerasTower: the subclassed model {given.name!r} was built in another graph, "
+                "and its structure cannot be copied into this one. Fix: give KerasTower a "
+                "function that builds the model (KerasTower(lambda: MyModel(...), loss)).")
+        if not model.weights:
+            raise KerasTowerError(
+                f"KerasTower: the model {model.name!r} has no weights until it is called (a "
+                "subclassed model), so there is nothing to restore or export. Fix: build it "
+                "in the model function (model.build(input_shape) or one call on an input) "
+                "or use a functional or Sequential model.")
+        return model
+
     def export_saved_model(self, checkpoint, export_dir):
         """The model with `checkpoint`'s weights as a SavedModel (towerlib.step.keras_export)."""
         return keras_export.export_saved_model(self, checkpoint, export_dir)
