@@ -94,6 +94,11 @@ class Warmup:
         return start + (1 - start) * (step + offset) / self.steps
 
 
+def _is_whole(value):
+    """An int, or a float with no fraction (30000.0 from a config file): a step number."""
+    return _is_int(value) or (_is_real(value) and float(value).is_integer())
+
+
 @dataclasses.dataclass(frozen=True)
 class PiecewiseConstant:
     """The rate times `factor` once per boundary passed, as TensorFlow 1 counts them.
@@ -111,7 +116,7 @@ class PiecewiseConstant:
         given = self.boundaries
         listed = hasattr(given, "__iter__") and not isinstance(given, (str, bytes, dict))
         bounds = tuple(given) if listed else None
-        _check(bounds is not None and all(_is_int(b) and b >= 0 for b in bounds)
+        _check(bounds is not None and all(_is_whole(b) and b >= 0 for b in bounds)
                and all(a < b for a, b in zip(bounds, bounds[1:]))
                and _is_real(self.factor) and 0 < self.factor <= 1,
                f"PiecewiseConstant({given!r}, factor={self.factor!r}): boundaries must be "

@@ -136,3 +136,8 @@ def test_build_train_graph_names_a_schedule_given_as_the_rate_before_building():
                 helpers.conv_bn_model, tuple(tf.constant(x) for x in helpers.image_batch(8)),
                 optimizer, devices=helpers.cpu_devices(2))
         assert tf.compat.v1.global_variables() == []  # refused before any tower was built
+
+
+def test_whole_number_floats_are_step_numbers():
+    """30000.0 from a config file is step 30000; 1.9 is no step."""
+    assert schedules.PiecewiseConstant([100.0, 150]).boundaries == (100, 150)
