@@ -24,7 +24,9 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
+import time
 from typing import List, Optional
 
 import tensorflow as tf
@@ -205,6 +207,7 @@ _RUN_FILE = re.compile(
 # files (events.out.tfevents.<seconds, 10 digits>.<host>[suffix]) and the traces. Only
 # the names a life recorded (`claiming`) are the run's.
 _EVENTS = re.compile(r"^events\.out\.tfevents\.\d{10,}\..+$")
+_EVENT_FIELDS = re.compile(r"^events\.out\.tfevents\.(\d{10,})\.(.+)$")
 _CLAIMABLE = {"": _EVENTS, "eval": _EVENTS,
               "traces": re.compile(r"^trace_step_\d+\.(json|png)$")}
 STARTING_OVER = "." + CONFIG_FILE + ".start_over"  # the record, while start_over runs
@@ -251,12 +254,26 @@ def claiming(train_dir: str):
     while the block runs: one life of the run (a training, an evaluation) wrote them.
     A file that was there before the block is never the run's, whatever its name."""
     before = _claimable(train_dir) if os.path.isdir(train_dir) else set()
+    started = int(time.time())
     try:
         yield
     finally:
         new = _claimable(train_dir) - before if os.path.isdir(train_dir) else set()
+        new = {name for name in new if _written_by_this_life(name, started)}
         if new:
             _write_json(train_dir, RUN_FILES, sorted(written_files(train_dir) | new))
+
+
+def _written_by_this_life(name: str, started: int) -> bool:
+    """An event file names the second it was opened and the host that opened it
+    (events.out.tfevents.<seconds>.<host>...): one opened by another host, or before
+    this life started, is a file copied in, never ours. Traces carry no such names."""
+    found = _EVENT_FIELDS.match(os.path.basename(name))
+    if found is None:
+        return True
+    seconds, rest = int(found.group(1)), found.group(2)
+    host = socket.gethostname()
+    return seconds >= started - 1 and (rest == host or rest.startswith(host + "."))
 
 
 def _run_paths(train_dir: str) -> List[str]:

@@ -4,6 +4,8 @@ user error of the train script is one line, exit status 2, nothing half-written.
 
 import errno
 import os
+import socket
+import time
 import shutil
 import subprocess
 import sys
@@ -265,8 +267,10 @@ def test_overwrite_refuses_a_folder_that_was_never_a_run(tmp_path):
     _all_intact(str(tmp_path), USER_FILES)
 
 
-# Event files and traces a life of the run writes (recorded by run_folder.claiming).
-RUN_EVENTS = ["events.out.tfevents.1795850000.host", "eval/events.out.tfevents.1795850001.host",
+# Event files and traces a life of the run writes (recorded by run_folder.claiming): an
+# event file names the second it was opened and this host.
+_NOW, _HOST = int(time.time()) + 3600, socket.gethostname()  # not before any life
+RUN_EVENTS = [f"events.out.tfevents.{_NOW}.{_HOST}", f"eval/events.out.tfevents.{_NOW}.{_HOST}",
               "traces/trace_step_5.json"]
 # A user's files of the same formats, there before the run's life began.
 USER_EVENTS = ["events.out.tfevents.mine", "events.out.tfevents.1700000000.otherhost",
@@ -338,3 +342,12 @@ def test_the_train_script_refuses_to_overwrite_a_folder_of_user_files(tmp_path, 
     _all_intact(train_dir, USER_FILES)
     assert sorted(os.listdir(train_dir)) == sorted(
         {name.split("/")[0] for name in USER_FILES})
+
+
+def test_an_event_file_copied_in_during_a_life_is_not_claimed(tmp_path):
+    """Another host's, or an older one, that appears while the run writes stays the user's."""
+    copied = ["events.out.tfevents.1700000000.otherhost",
+              f"events.out.tfevents.{_NOW}.otherhost", "events.out.tfevents.1700000000." + _HOST]
+    with run_folder.claiming(str(tmp_path)):
+        _write(str(tmp_path), RUN_EVENTS[:1] + copied)
+    assert run_folder.written_files(str(tmp_path)) == set(RUN_EVENTS[:1])
