@@ -78,6 +78,61 @@ def test_a_mistake_or_a_bug_is_not_restarted(tmp_path, status):
     assert_none_alive(tmp_path)
 
 
+def test_a_lost_host_restarts_an_elastic_job_on_the_workers_that_remain(tmp_path):
+    """--workers 1:2: worker 1 says its host is lost (exits 69); the job restarts on
+    worker 0 alone, with a TF_CONFIG of one worker; a later restart (a retryable 138)
+    takes both workers again, each with a TF_CONFIG of two."""
+    flags = ["--fail", "worker:1:0:69", "--fail", "worker:0:1:138", "--sleep", "0.5"]
+    result, out, err = launch(tmp_path, workers=2, min_workers=1, max_restarts=3,
+                              flags=flags)
+    assert result.status == 0 and result.restarts == 2, err
+    assert [(f.task.name, f.status, f.workers) for f in result.failures] == \
+        [("worker 1", 69, 2), ("worker 0", 138, 1)]
+    found = records(tmp_path)
+    assert sorted(found) == ["worker-0-0", "worker-0-1", "worker-0-2", "worker-1-0",
+                             "worker-1-2"]   # no worker 1 on the restart after its loss
+    sizes = {name: len(record["tf_config"]["cluster"]["worker"])
+             for name, record in found.items()}
+    assert sizes == {"worker-0-0": 2, "worker-1-0": 2, "worker-0-1": 1, "worker-0-2": 2,
+                     "worker-1-2": 2}
+    assert found["worker-0-1"]["tf_config"]["task"] == {"type": "worker", "index": 0}
+    assert "restarting the job on the remaining 1 worker (1 of 3)" in err
+    assert "restarting the job on 2 workers (2 of 3)" in err
+    started = [line for line in err.splitlines() if ": started " in line]
+    assert [line.split(": started ")[1].split(":")[0] for line in started] == \
+        ["2 workers of 1..2", "1 worker of 1..2", "2 workers of 1..2"], started
+    assert result.summary().startswith(
+        "summary: attempt 1 on 2 workers: worker 1 exited 69 (its host is lost), its last "
+        "line: 'worker 1 fails with 69'; attempt 2 on 1 worker: worker 0 exited 138")
+    assert result.summary().endswith("done on 2 workers, status 0 after 2 restart(s)")
+    assert_none_alive(tmp_path)
+
+
+def test_an_elastic_job_with_fewer_than_min_workers_left_ends_host_lost(tmp_path):
+    """--workers 2:3: a host lost on each of two attempts leaves 1 worker: the end."""
+    flags = ["--fail", "worker:2:0:69", "--fail", "worker:1:1:69", "--sleep", "30"]
+    started = time.monotonic()
+    result, _, _ = launch(tmp_path, workers=3, min_workers=2, max_restarts=3, flags=flags)
+    assert result.status == 69 and result.restarts == 1
+    assert [(f.task.name, f.workers) for f in result.failures] == \
+        [("worker 2", 3), ("worker 1", 2)]
+    assert result.summary().endswith(
+        "1 worker left after 1 lost host(s), fewer than the 2 --workers asks for at "
+        "least; failed on 2 workers, status 69 after 1 restart(s)"), result.summary()
+    assert time.monotonic() - started < 20   # worker 0 stopped, not waited for
+    assert_none_alive(tmp_path)
+
+
+def test_a_lost_host_ends_a_fixed_size_job_with_its_status(tmp_path):
+    result, _, _ = launch(tmp_path, max_restarts=3,
+                          flags=["--fail", "worker:1:0:69", "--sleep", "30"])
+    assert result.status == 69 and result.restarts == 0
+    assert result.summary() == (
+        "summary: attempt 1: worker 1 exited 69 (its host is lost), its last line: "
+        "'worker 1 fails with 69'; failed, status 69 after 0 restart(s)")
+    assert_none_alive(tmp_path)
+
+
 class _Ended:
     """A task seen ended, as Launcher._first_failure looks at it."""
 

@@ -91,6 +91,8 @@ def test_status_words():
     assert statuses.describe_status(137) == "killed by SIGKILL"
     assert statuses.describe_status(138) == "a lost peer, retryable"
     assert statuses.describe_status(2) == "a user's mistake"
+    assert statuses.describe_status(69) == "its host is lost"
+    assert not statuses.is_restartable(statuses.HOST_LOST)   # not on the same host
     assert statuses.is_address_error(2, "error: worker 1: AddressError: cannot listen")
     assert not statuses.is_address_error(2, "error: worker 1: ValueError: --x")
 
@@ -100,7 +102,20 @@ def test_status_words():
     (["--workers", "2", "--"], "no command after --"),
     (["--workers", "0", "--", "python"], "--workers 0: a job needs at least 1 worker"),
     (["--", "python"], "the following arguments are required: --workers"),
-    (["--workers", "two", "--", "python"], "invalid int value: 'two'"),
+    (["--workers", "two", "--", "python"],
+     "--workers two: a number of workers N, or MIN:MAX for elastic restarts"),
+    (["--workers", "3:2", "--max_restarts", "1", "--", "python"],
+     "--workers 3:2: MIN 3 is more than MAX 2. Fix: --workers 2:3."),
+    (["--workers", "0:2", "--", "python"], "--workers 0:2: a job needs at least 1 worker"),
+    (["--workers", "1:2:3", "--", "python"], "--workers 1:2:3: a number of workers N, or"),
+    (["--workers", "1:x", "--", "python"], "--workers 1:x: a number of workers N, or"),
+    (["--workers=-1:2", "--", "python"], "--workers -1:2: a number of workers N, or"),
+    (["--workers", "1:2", "--max_restarts", "2", "--ps", "1", "--", "python"],
+     "--workers 1:2 with --ps: the parameter-server layout has a fixed number"),
+    (["--workers", "1:2", "--max_restarts", "2", "--hosts", "a,b", "--host_index", "0",
+      "--", "python"], "--workers 1:2 with --hosts: elastic restarts run on one machine"),
+    (["--workers", "1:2", "--", "python"],
+     "--workers 1:2 with --max_restarts 0: a job resized after a lost host is restarted"),
     (["--workers", "1", "--max_restarts", "-1", "--", "python"], "--max_restarts -1"),
     (["--workers", "1", "--hosts", "a,b", "--", "python"], "--hosts and --host_index go"),
     (["--workers", "1", "--tasks", "ps:0", "--", "python"], "'ps:0' is not a task"),
@@ -122,6 +137,15 @@ def test_bad_command_lines_are_one_line_and_status_2(argv, message, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("towerlib-launch: error: "), err
     assert message in err
+
+
+@pytest.mark.parametrize("workers, expected", [("3", (3, 3)), ("2:4", (2, 4)),
+                                               ("2:2", (2, 2))])
+def test_workers_is_a_count_or_an_elastic_range(workers, expected):
+    options, plan, _ = main_lib.parse_args(["--workers", workers, "--max_restarts", "1",
+                                            "--", "python"])
+    assert (options.min_workers, plan.workers) == expected   # the plan starts with MAX
+    assert [task.name for task in plan.local_tasks()][-1] == f"worker {expected[1] - 1}"
 
 
 def test_a_command_that_cannot_run_is_one_line(capsys):

@@ -16,6 +16,13 @@ TOWERLIB_LAUNCH_RESTART says which restart it belongs to). The last line is a su
 naming each attempt's first failure; the launcher's status is 0 on success,
 else the first failure's.
 
+Elastic: `--workers MIN:MAX` starts MAX workers; a worker that exits HOST_LOST
+(69: its host is gone) is left out of the next restart, which runs on the
+workers that remain, each with a new TF_CONFIG for that count, as long as at
+least MIN remain; any later restart takes MAX again. One machine, all-reduce
+only: the scripts must read a global batch that does not depend on the worker
+count (towerlib.global_batch_input) to keep the run's trajectory.
+
 TensorFlow's servers listen on every interface, unauthenticated: the launcher
 says so in one line, and --private_network keeps a one-host job on loopback.
 Nothing here imports TensorFlow: the first task starts at once.
@@ -40,6 +47,7 @@ from towerlib.launch.ports import (
     hold_free_ports,
 )
 from towerlib.launch.statuses import (
+    HOST_LOST,
     describe_status,
     is_address_error,
     is_restartable,
@@ -61,7 +69,7 @@ __all__ = [
     # who can reach the tasks' servers
     "PrivateNetworkError", "enter_private_network", "exposure_note",
     # what a status means
-    "describe_status", "is_address_error", "is_restartable", "shell_status",
+    "HOST_LOST", "describe_status", "is_address_error", "is_restartable", "shell_status",
     # the attempts and restarts
     "RESTART_VARIABLE", "Failure", "JobResult", "Launcher",
 ]

@@ -2,6 +2,8 @@
 
     towerlib-launch --workers 2 -- python train.py --train_dir=/tmp/run
     towerlib-launch --workers 2 --ps 1 --max_restarts 3 -- python train.py ...
+    # elastic: 4 workers, down to 2 when hosts are lost, back up at a later restart
+    towerlib-launch --workers 2:4 --max_restarts 5 -- python train.py ...
     # several machines: the same command on each host, with its own --host_index
     towerlib-launch --workers 2 --hosts node1,node2 --host_index 0 -- python train.py
 
@@ -25,7 +27,7 @@ from towerlib.launch import network
 from towerlib.launch import output as output_lib
 from towerlib.launch import plan as plan_lib
 from towerlib.launch import ports as ports_lib
-from towerlib.launch import supervisor
+from towerlib.launch import statuses, supervisor
 
 __all__ = ["main", "parse_args"]
 
@@ -47,8 +49,11 @@ def _parser():
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                      usage=f"{PROG} --workers N [options] -- COMMAND [ARGS...]")
     add = parser.add_argument
-    add("--workers", type=int, required=True,
-        help="worker tasks on this host (the whole job's on one machine)")
+    add("--workers", required=True,
+        help="worker tasks on this host (the whole job's on one machine); MIN:MAX for "
+             "elastic restarts: a restart after a task exits "
+             f"{statuses.HOST_LOST} (its host is lost) runs on the workers that "
+             "remain, if at least MIN do; any later restart takes MAX again")
     add("--ps", type=int, default=0, help="ps tasks (parameter-server layout; one machine)")
     add("--max_restarts", type=int, default=0,
         help="restarts of every task after a retryable failure (status 137, 138, 143)")
@@ -70,6 +75,41 @@ def _parser():
              "that no other host reaches their servers (the tasks have no outside "
              "network then)")
     return parser
+
+
+def _worker_range(text):
+    """'4' -> (4, 4); '2:4' -> (2, 4): the fewest and the most workers of the job."""
+    parts = text.split(":")
+    if len(parts) > 2 or not all(part.strip().isdigit() for part in parts):
+        raise UsageError(f"--workers {text}: a number of workers N, or MIN:MAX for "
+                         "elastic restarts (e.g. --workers 2:4).")
+    low, high = int(parts[0]), int(parts[-1])
+    if low < 1:
+        raise UsageError(f"--workers {text}: a job needs at least 1 worker"
+                         + (" (MIN is 1 or more)." if len(parts) == 2 else "."))
+    if low > high:
+        raise UsageError(f"--workers {text}: MIN {low} is more than MAX {high}. "
+                         f"Fix: --workers {high}:{low}.")
+    return low, high
+
+
+def _check_elastic(options, hosts):
+    """--workers MIN:MAX: one machine, all-reduce only, restarts allowed."""
+    low, high = options.workers
+    if low == high:
+        return
+    if hosts:
+        raise UsageError(f"--workers {low}:{high} with --hosts: elastic restarts run on "
+                         "one machine (the hosts' launchers do not agree on who remains). "
+                         "Fix: a fixed --workers, or drop --hosts.")
+    if options.ps:
+        raise UsageError(f"--workers {low}:{high} with --ps: the parameter-server layout "
+                         "has a fixed number of replicas. Fix: a fixed --workers, or "
+                         "all-reduce without --ps.")
+    if options.max_restarts < 1:
+        raise UsageError(f"--workers {low}:{high} with --max_restarts "
+                         f"{options.max_restarts}: a job resized after a lost host is "
+                         "restarted. Fix: --max_restarts 1 or more.")
 
 
 def parse_args(argv):
@@ -102,6 +142,9 @@ def parse_args(argv):
     if options.private_network and hosts:
         raise UsageError("--private_network with --hosts: a private network has only "
                          "loopback, so other hosts cannot join. Fix: drop one of them.")
+    options.workers = _worker_range(options.workers)
+    _check_elastic(options, hosts)
+    options.min_workers, options.workers = options.workers
     try:
         plan = plan_lib.JobPlan(
             options.workers, options.ps, hosts, options.host_index or 0,
@@ -142,6 +185,7 @@ def main(argv=None):
         output.note(network.exposure_note(plan))
     launcher = supervisor.Launcher(
         command, plan, output, max_restarts=options.max_restarts,
+        min_workers=options.min_workers,
         stop_grace_secs=options.stop_grace_secs, ps_grace_secs=options.ps_grace_secs)
     previous = {signum: signal.signal(signum, lambda s, _: launcher.forward_signal(s))
                 for signum in _FORWARDED}

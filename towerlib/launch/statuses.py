@@ -3,6 +3,10 @@
 The statuses are towerlib.cluster.exits's (one source of truth): 0 done;
 RESTART_STATUSES (138 a lost peer, 137 SIGKILL, 143 SIGTERM) restart every
 task; anything else (2 a user's mistake, 1 a bug) ends the job with it.
+HOST_LOST (69, EX_UNAVAILABLE in sysexits.h) is the launcher's own: a task
+exits with it to say that its host is gone, so that restarting it there cannot
+help. A fixed-size job ends with it; an elastic one (--workers MIN:MAX)
+restarts on the workers that remain.
 Popen reports a task killed by signal s as -s; a shell, a scheduler and the
 launcher's own exit status say 128 + s, so the launcher does too.
 """
@@ -11,7 +15,10 @@ import signal
 
 from towerlib.cluster.exits import RESTART_STATUSES, RETRYABLE, USER_ERROR
 
-__all__ = ["RESTART_STATUSES", "describe_status", "is_address_error", "is_restartable",
+# A task's word that its host is gone: not restarted there, the job goes on without it.
+HOST_LOST = 69
+
+__all__ = ["HOST_LOST", "RESTART_STATUSES", "describe_status", "is_address_error", "is_restartable",
            "shell_status"]
 
 
@@ -35,6 +42,8 @@ def describe_status(status):
         return "a lost peer, retryable"
     if status == USER_ERROR:
         return "a user's mistake"
+    if status == HOST_LOST:
+        return "its host is lost"
     if 128 < status < 128 + 65:
         return f"killed by {_signal_name(status - 128)}"
     return "failed"

@@ -19,6 +19,14 @@ included; a reaper.Watchdog does the same if the launcher dies.
 Then: a status in RESTART_STATUSES restarts every task on new ports, up to
 max_restarts; an AddressError (a port taken despite the hold) retries on new
 ports, up to port_retries; any other status ends the job with that status.
+
+Elastic jobs (min_workers < the plan's workers, `--workers MIN:MAX`): a worker
+that exited statuses.HOST_LOST (its host is gone) is not started again at the
+next restart: the job restarts on the workers that remain, numbered 0..n-1 in
+a new TF_CONFIG, as long as at least min_workers remain (else it ends with
+HOST_LOST). Any other restart takes the plan's full count again (a lost host
+may be back; if it is not, its task says so again). Each attempt's line and
+the summary say how many workers it ran.
 """
 
 import dataclasses
@@ -46,6 +54,7 @@ class Failure:
     task: plan_lib.Task
     status: int
     last_line: str
+    workers: int = 0   # the attempt's worker count
 
     def describe(self):
         line = self.last_line if len(self.last_line) <= _LINE_CHARS else \
@@ -63,15 +72,23 @@ class JobResult:
     restarts: int = 0
     signal: int = 0
     notes: list = dataclasses.field(default_factory=list)
+    elastic: bool = False   # then each attempt's worker count is said too
+    workers: int = 0        # the last attempt's worker count
 
     def summary(self):
         """One line: each attempt's first failure, then the final status."""
-        parts = [f"attempt {f.attempt + 1}: {f.describe()}" for f in self.failures]
+        size = (lambda n: f" on {_workers(n)}") if self.elastic else (lambda n: "")
+        parts = [f"attempt {f.attempt + 1}{size(f.workers)}: {f.describe()}"
+                 for f in self.failures]
         parts += self.notes
         end = (f"stopped by {signal.Signals(self.signal).name}" if self.signal else
-               "done" if self.status == 0 else "failed")
+               "done" if self.status == 0 else "failed") + size(self.workers)
         parts.append(f"{end}, status {self.status} after {self.restarts} restart(s)")
         return "summary: " + "; ".join(parts)
+
+
+def _workers(count):
+    return f"{count} worker{'s' if count != 1 else ''}"
 
 
 class Launcher:
@@ -82,6 +99,8 @@ class Launcher:
       plan: a launch.plan.JobPlan.
       output: a launch.output.Output.
       max_restarts: restarts of the whole job after a retryable failure.
+      min_workers: the fewest workers an elastic job restarts on after lost hosts
+        (module text); None: the plan's count, a fixed-size job.
       stop_grace_secs: after SIGTERM, how long a task may take to exit before SIGKILL.
       ps_grace_secs: how long the ps tasks may take to end once the workers are done.
       port_retries: new-port retries after a task could not listen on its port.
@@ -90,10 +109,16 @@ class Launcher:
       poll_secs: how often the tasks are looked at.
     """
 
-    def __init__(self, command, plan, output, *, max_restarts=0, stop_grace_secs=10.0,
-                 ps_grace_secs=30.0, port_retries=3, env=None,
+    def __init__(self, command, plan, output, *, max_restarts=0, min_workers=None,
+                 stop_grace_secs=10.0, ps_grace_secs=30.0, port_retries=3, env=None,
                  hold_ports=ports_lib.hold_free_ports, poll_secs=0.05):
         self.command, self.plan, self.output = list(command), plan, output
+        self.min_workers = plan.workers if min_workers is None else min_workers
+        if not 1 <= self.min_workers <= plan.workers:
+            raise ValueError(f"min_workers {min_workers}: 1..{plan.workers} (the plan's).")
+        if self.min_workers < plan.workers and (plan.ps or plan.multi_host):
+            raise ValueError("elastic restarts: one machine, no ps tasks.")
+        self.current = plan   # the running attempt's plan: its worker count
         self.max_restarts, self.port_retries = max_restarts, port_retries
         self.stop_grace_secs, self.ps_grace_secs = stop_grace_secs, ps_grace_secs
         self.env = dict(os.environ if env is None else env)
@@ -121,10 +146,13 @@ class Launcher:
             self.watchdog.close()
 
     def _run(self):
-        result = JobResult()
+        result = JobResult(elastic=self.min_workers < self.plan.workers)
         port_retries = attempt = 0
+        size = self.plan.workers
         while True:
+            self.current = dataclasses.replace(self.plan, workers=size)
             failure = self._attempt(attempt, result.restarts)
+            result.workers = size
             attempt += 1
             if self.signal:
                 result.signal, result.status = self.signal, 128 + self.signal
@@ -138,35 +166,63 @@ class Launcher:
                 self.output.note(f"{failure.describe()}; retrying on new ports "
                                  f"({port_retries} of {self.port_retries}).")
                 continue
+            lost = self._lost_hosts() if result.elastic else 0
+            if lost:
+                if size - lost < self.min_workers:
+                    result.notes.append(
+                        f"{_workers(size - lost)} left after {lost} lost host(s), fewer "
+                        f"than the {self.min_workers} --workers asks for at least")
+                    result.status = statuses.HOST_LOST
+                    return result
+                if result.restarts >= self.max_restarts:
+                    result.status = statuses.HOST_LOST
+                    return result
+                result.restarts += 1
+                size -= lost
+                self.output.note(
+                    f"{failure.describe()}; {lost} worker(s) lost their host: every task "
+                    f"stopped, restarting the job on the remaining {_workers(size)} "
+                    f"({result.restarts} of {self.max_restarts}).")
+                continue
             if statuses.is_restartable(failure.status) and \
                     result.restarts < self.max_restarts:
                 result.restarts += 1
+                size = self.plan.workers
+                on = f" on {_workers(size)}" if result.elastic else ""
                 self.output.note(f"{failure.describe()}; every task stopped, restarting "
-                                 f"the job ({result.restarts} of {self.max_restarts}).")
+                                 f"the job{on} ({result.restarts} of {self.max_restarts}).")
                 continue
             result.status = failure.status
             return result
 
+    def _lost_hosts(self):
+        """How many workers of the attempt just ended exited HOST_LOST."""
+        return sum(1 for child in self.children if child.task.job == plan_lib.WORKER
+                   and child.status() == statuses.HOST_LOST)
+
     def _ports(self):
-        if self.plan.multi_host:
+        if self.current.multi_host:
             return ports_lib.HeldPorts([])   # fixed ports, checked by main before the start
-        return self.hold_ports(len(self.plan.local_tasks()))
+        return self.hold_ports(len(self.current.local_tasks()))
 
     def _attempt(self, attempt, restarts):
         """One start of every local task; returns its first Failure, or None."""
         self.children = []
         with self._ports() as held:
-            cluster = self.plan.cluster(held.ports)
+            cluster = self.current.cluster(held.ports)
             try:
-                for task in self.plan.local_tasks():
+                for task in self.current.local_tasks():
                     if self.signal:
                         break
                     self.output.forget(task)
                     self.children.append(self._start(task, cluster, restarts))
                 since = "" if self.failed_at is None else \
                     f", {time.monotonic() - self.failed_at:.1f} s after the failure"
-                self.output.note(f"attempt {attempt + 1}: started {self._started()}{since}; "
-                                 f"cluster {cluster}")
+                size = "" if self.min_workers == self.plan.workers else \
+                    f"{_workers(self.current.workers)} of {self.min_workers}.." \
+                    f"{self.plan.workers}: "
+                self.output.note(f"attempt {attempt + 1}: started {size}{self._started()}"
+                                 f"{since}; cluster {cluster}")
                 return None if self.signal else self._watch(attempt)
             finally:   # a signal to the launcher was forwarded: no second one
                 children_lib.stop_children(self.children, self.stop_grace_secs,
@@ -217,4 +273,5 @@ class Launcher:
                     child.started_at, child.task)
         child, status = min(failed, key=rank)
         child.join_readers()
-        return Failure(attempt, child.task, status, self.output.last_line(child.task))
+        return Failure(attempt, child.task, status, self.output.last_line(child.task),
+                       self.current.workers)
