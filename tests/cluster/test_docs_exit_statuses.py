@@ -2,7 +2,7 @@
 
 A mention is 'status N', 'exit N', 'exits with status N', '[exit N' in README.md and
 docs/*.md. Each must be a status exits.py defines (0, 1, USER_ERROR, RETRYABLE,
-128 + a signal); one said of an error that towerlib names in the same paragraph
+HOST_LOST, 128 + a signal); one said of an error that towerlib names in the same paragraph
 (the nearest such name), or of 'restart me' / 'retryable', must be that error's
 status, as exits.exit_status gives it."""
 
@@ -27,7 +27,7 @@ RETRY_WORDS = re.compile(r'"restart me"|\bretryable\b')
 
 def defined_statuses():
     signals = {128 + int(s) for s in signal.Signals}
-    return {0, 1, exits.USER_ERROR, exits.RETRYABLE} | signals
+    return {0, 1, exits.USER_ERROR, exits.RETRYABLE, exits.HOST_LOST} | signals
 
 
 def status_of(name):

@@ -8,6 +8,8 @@
             (RETRYABLE)                               the newest checkpoint
     128+s   stopped by signal s (130 SIGINT,          what it does for a stop it sent
             143 SIGTERM)
+    69      its host is gone (HOST_LOST): a task's    towerlib-launch --workers MIN:MAX:
+            own word, never towerlib's                restart on the workers that remain
 
 138 is what Kubeflow's training operator reserves for a user-defined retryable
 error (`restartPolicy: ExitCode` restarts 130, 137, 138 and 143 and treats 1, 2,
@@ -43,6 +45,9 @@ logger = logging.getLogger("towerlib")
 
 USER_ERROR = 2
 RETRYABLE = 138
+# A task's word that its host is gone (sysexits' EX_UNAVAILABLE): restarting it there
+# cannot help; an elastic towerlib-launch job goes on without it.
+HOST_LOST = 69
 # Statuses towerlib.launch restarts a job on: the retryable error and a task killed
 # from outside (SIGKILL by the OOM killer or a person; SIGTERM by a preempting host).
 RESTART_STATUSES = frozenset({RETRYABLE, 128 + signal.SIGKILL, 128 + signal.SIGTERM})

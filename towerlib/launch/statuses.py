@@ -3,7 +3,7 @@
 The statuses are towerlib.cluster.exits's (one source of truth): 0 done;
 RESTART_STATUSES (138 a lost peer, 137 SIGKILL, 143 SIGTERM) restart every
 task; anything else (2 a user's mistake, 1 a bug) ends the job with it.
-HOST_LOST (69, EX_UNAVAILABLE in sysexits.h) is the launcher's own: a task
+HOST_LOST (69, EX_UNAVAILABLE in sysexits.h) is never towerlib's own: a task
 exits with it to say that its host is gone, so that restarting it there cannot
 help. A fixed-size job ends with it; an elastic one (--workers MIN:MAX)
 restarts on the workers that remain.
@@ -13,10 +13,7 @@ launcher's own exit status say 128 + s, so the launcher does too.
 
 import signal
 
-from towerlib.cluster.exits import RESTART_STATUSES, RETRYABLE, USER_ERROR
-
-# A task's word that its host is gone: not restarted there, the job goes on without it.
-HOST_LOST = 69
+from towerlib.cluster.exits import HOST_LOST, RESTART_STATUSES, RETRYABLE, USER_ERROR
 
 __all__ = ["HOST_LOST", "RESTART_STATUSES", "describe_status", "is_address_error", "is_restartable",
            "shell_status"]
