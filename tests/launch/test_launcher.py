@@ -123,6 +123,17 @@ def test_an_elastic_job_with_fewer_than_min_workers_left_ends_host_lost(tmp_path
     assert_none_alive(tmp_path)
 
 
+def test_a_lost_host_past_max_restarts_ends_the_elastic_job_with_its_status(tmp_path):
+    flags = ["--fail", "worker:2:0:69", "--fail", "worker:1:1:69", "--sleep", "30"]
+    result, _, err = launch(tmp_path, workers=3, min_workers=1, max_restarts=1,
+                            flags=flags)
+    assert result.status == 69 and result.restarts == 1, err
+    assert [(f.task.name, f.workers) for f in result.failures] == \
+        [("worker 2", 3), ("worker 1", 2)]
+    assert result.summary().endswith("failed on 2 workers, status 69 after 1 restart(s)")
+    assert_none_alive(tmp_path)
+
+
 def test_a_lost_host_ends_a_fixed_size_job_with_its_status(tmp_path):
     result, _, _ = launch(tmp_path, max_restarts=3,
                           flags=["--fail", "worker:1:0:69", "--sleep", "30"])

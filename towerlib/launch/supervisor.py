@@ -168,21 +168,9 @@ class Launcher:
                 continue
             lost = self._lost_hosts() if result.elastic else 0
             if lost:
-                if size - lost < self.min_workers:
-                    result.notes.append(
-                        f"{_workers(size - lost)} left after {lost} lost host(s), fewer "
-                        f"than the {self.min_workers} --workers asks for at least")
-                    result.status = statuses.HOST_LOST
+                size = self._after_lost_hosts(failure, size - lost, lost, result)
+                if size is None:
                     return result
-                if result.restarts >= self.max_restarts:
-                    result.status = statuses.HOST_LOST
-                    return result
-                result.restarts += 1
-                size -= lost
-                self.output.note(
-                    f"{failure.describe()}; {lost} worker(s) lost their host: every task "
-                    f"stopped, restarting the job on the remaining {_workers(size)} "
-                    f"({result.restarts} of {self.max_restarts}).")
                 continue
             if statuses.is_restartable(failure.status) and \
                     result.restarts < self.max_restarts:
@@ -194,6 +182,23 @@ class Launcher:
                 continue
             result.status = failure.status
             return result
+
+    def _after_lost_hosts(self, failure, remaining, lost, result):
+        """The size of the restart on the `remaining` workers, or None: the job ends
+        with HOST_LOST (fewer than min_workers remain, or no restart is left)."""
+        if remaining < self.min_workers:
+            result.notes.append(f"{_workers(remaining)} left after {lost} lost host(s), "
+                                f"fewer than the {self.min_workers} --workers asks for "
+                                "at least")
+        if remaining < self.min_workers or result.restarts >= self.max_restarts:
+            result.status = statuses.HOST_LOST
+            return None
+        result.restarts += 1
+        self.output.note(
+            f"{failure.describe()}; {lost} worker(s) lost their host: every task stopped, "
+            f"restarting the job on the remaining {_workers(remaining)} "
+            f"({result.restarts} of {self.max_restarts}).")
+        return remaining
 
     def _lost_hosts(self):
         """How many workers of the attempt just ended exited HOST_LOST."""
