@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
     from towerlib.run.data_position import DataPositionError, saved_position_iterator
     from towerlib.run.determinism import seed_everything
+    from towerlib.run.global_batches import FixedLengthRecords, global_batch_input
     from towerlib.run.evaluation_loop import Evaluation
     from towerlib.run.moving_statistics import check_moving_statistics
     from towerlib.precision.guards import NonFiniteError, guard_numerics
@@ -104,7 +105,8 @@ __all__ = [
     "check_moving_statistics", "check_record_files", "find_restorable_checkpoint",
     "guard_numerics",
     # The input pipeline's position in checkpoints.
-    "DataPositionError", "saved_position_iterator",
+    "DataPositionError", "FixedLengthRecords", "global_batch_input",
+    "saved_position_iterator",
     "seed_everything", "validate_config",
 ]
 

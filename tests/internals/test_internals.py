@@ -214,3 +214,16 @@ def test_a_taken_port_is_recognized_and_named():
             cluster_lib.start_server(cluster, 1)
     finally:
         holder.close()
+
+
+def test_index_shuffle_takes_one_seed_per_index_and_keeps_its_permutations():
+    from towerlib.internals import index_shuffle
+    seeds = [[5, 0, 7]] * 10
+    got = index_shuffle.shuffled_indices(tf.range(10, dtype=tf.int64), seeds, 9).numpy()
+    # A resumed run must read the examples the first run would have: a release that
+    # changes these permutations changes every saved run's data order.
+    assert got.tolist() == [8, 2, 0, 4, 1, 9, 3, 5, 6, 7], (
+        "tf.raw_ops.RandomIndexShuffle's permutation changed: towerlib.global_batch_input's "
+        "runs would resume on other examples (towerlib/internals/index_shuffle.py).")
+    mixed = index_shuffle.shuffled_indices([2, 3], [[5, 0, 7], [5, 1, 7]], 9).numpy()
+    assert mixed.tolist() == [0, 3]

@@ -39,6 +39,9 @@ __all__ = ["DataPositionError", "check_saveable_pipeline", "saved_position_itera
 _GET_NEXT_TYPES = frozenset({"IteratorGetNext", "IteratorGetNextSync",
                              "IteratorGetNextAsOptional"})
 
+# The iterators whose position variables hold (towerlib.global_batch_input): by name.
+_POSITIONED = "towerlib_positioned_iterators"
+
 # tf.raw_ops.DatasetToGraphV2's external_state_policy: raise on external state.
 _FAIL_ON_EXTERNAL_STATE = 2
 
@@ -119,13 +122,21 @@ def saved_position_iterator(dataset, check=True):
     return iterator
 
 
+def mark_positioned(next_element):
+    """Records that the iterator `next_element` (its get_next()) reads restarts at a
+    position saved in variables: unsaved_iterators does not name it."""
+    get_next = tf.nest.flatten(next_element)[0].op
+    source = graph_walk.source_op(get_next.inputs[0].op)
+    tf.compat.v1.add_to_collection(_POSITIONED, source.name)
+
+
 def unsaved_iterators(fetch):
     """The names of the iterators `fetch` reads whose position no checkpoint saves.
 
     A restart from a checkpoint starts such an iterator from its beginning (the
     run replays data it trained on); saved_position_iterator's are saved.
     """
-    saved = set()
+    saved = set(fetch.graph.get_collection(_POSITIONED))
     for saveable in fetch.graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS):
         resource = getattr(saveable, "op", None)
         if resource is not None:

@@ -25,6 +25,7 @@ from towerlib.run import checkpoints
 from towerlib.run import data_position
 from towerlib.run import evaluation_loop
 from towerlib.run import folder_lock
+from towerlib.run import global_batches
 from towerlib.precision import guards
 from towerlib.run import loop_hooks
 from towerlib.run import sessions
@@ -262,6 +263,10 @@ def _restore_point(loop):
     ema = loop.train_graph.ema
     averages = {ema.average(v).op.name: v for v in trained
                 if ema is not None and ema.average(v) is not None}
+    # Another seed or global batch: refused before the misfit check names variables.
+    resumed = global_batches.check_checkpoint(loop.graph, restore_from)
+    if resumed:
+        logger.warning("%s", resumed)
     with loop.graph.as_default():  # before any session: a misfit loops or trains wrong
         partial = checkpoint_fit.plan_restore(
             restore_from, loop.scaffold.saver, [v.op.name for v in trained], averages)

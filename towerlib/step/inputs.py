@@ -12,6 +12,11 @@ import tensorflow as tf
 
 from towerlib.checks import run_time
 
+# The graph collection of the input initializers to run again once every variable
+# holds its final value: after a restore, and after the chief's broadcast across
+# workers (an input whose position is read from variables, towerlib.global_batch_input).
+INPUT_INITIALIZERS = "towerlib_input_initializers"
+
 
 def _batch_dims(flat_inputs):
     """Static leading dimensions (None when unknown) of every input tensor."""

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from towerlib.exchange.safety import PeerTimeoutError
+from towerlib.step import inputs as inputs_lib
 from towerlib.step.context import TowerContext
 from towerlib.step.options import check_ema_decay
 
@@ -90,7 +91,8 @@ class TrainGraph:
         The global variables first, then, in a separate run, the local ones:
         replicated copies (and their slots) read tower 0's initialized values.
         After restoring tower 0's variables from a checkpoint instead, run
-        `sync_copies_op` (when not None).
+        `sync_copies_op` (when not None), then the LOCAL_INIT_OP collection
+        (towerlib.global_batch_input's iterator starts at the restored position).
 
         Across workers (built with `workers=`) the chief's values are then
         broadcast to every worker, which waits for all of them: at most
@@ -108,8 +110,11 @@ class TrainGraph:
         global_init = tf.compat.v1.global_variables_initializer()
         local_init = [tf.compat.v1.local_variables_initializer(),
                       tf.compat.v1.tables_initializer()]
+        input_init = self.train_op.graph.get_collection(inputs_lib.INPUT_INITIALIZERS)
         session.run(global_init)
         session.run(local_init)
+        if input_init:  # an input positioned by variables: once they hold their values
+            session.run(input_init)
         if self.broadcast_op is not None:
             options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout_secs * 1000)))
             try:
@@ -120,6 +125,8 @@ class TrainGraph:
                     f"within {timeout_secs:g} s: a worker of the group has not started or "
                     "has not called initialize. Fix: start every worker (each one "
                     "initializes), or give initialize a longer timeout_secs.") from None
+            if input_init:  # the chief's position, now every worker's
+                session.run(input_init)
 
 
 def _check_reaches_other_workers(session):
