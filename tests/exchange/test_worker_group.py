@@ -110,6 +110,16 @@ def test_resume_step_is_the_newest_every_worker_has(steps, expected):
     assert choose_resume_step(steps) == expected
 
 
+@pytest.mark.parametrize("steps, expected", [
+    ([[10, 20], [10]], 20),      # a worker whose folder is older (it was removed a while)
+    ([[10, 20], []], 20),        # a worker new to the job
+    ([[], [10]], None),
+])
+def test_resume_step_is_the_chiefs_newest_when_the_chief_carries_the_input_position(
+        steps, expected):
+    assert choose_resume_step(steps, chief_decides=True) == expected
+
+
 def test_float16_with_batch_norm_builds_across_workers():
     """The moving statistics' exchange is built outside float16's skip (a tf.cond):
     every worker runs it whether or not the step applies."""

@@ -27,7 +27,7 @@ def _labels_read(steps, batch=4, seed=3, workers=None, augment=None, restore=Non
             session.run(tf.compat.v1.global_variables_initializer())
             if restore:
                 saver.restore(session, restore)
-            session.run(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP))
+            session.run(tf.compat.v1.tables_initializer())
             read = [session.run((images, labels)) for _ in range(steps)]
             if save:
                 saver.save(session, save)
@@ -156,7 +156,7 @@ def test_fixed_length_records_are_read_by_index(tmp_path):
         images, labels = towerlib.global_batch_input(source, 4, seed=3)
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
-            session.run(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP))
+            session.run(tf.compat.v1.tables_initializer())
             got = [session.run((images, labels)) for _ in range(3)]
     from_arrays = _global_batches(1, steps=3)
     assert [labels.tolist() for _, labels in got] == from_arrays

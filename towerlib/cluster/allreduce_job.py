@@ -48,7 +48,10 @@ from towerlib.cluster import replica_watch
 from towerlib.cluster.spec import ClusterInfo
 from towerlib.internals import collective_ops
 from towerlib.run import checkpoints
+from towerlib.run import data_position
+from towerlib.run import global_batches
 from towerlib.run import trainer as trainer_lib
+from towerlib.step import inputs as inputs_lib
 from towerlib.step.build import build_train_graph
 from towerlib.step.train_graph import TrainGraph
 from towerlib.update.replicated import Replicated
@@ -147,12 +150,17 @@ def wait_for_workers(cluster, timeout_secs, poll_secs=0.5):
                               waiting_for=f"worker {cluster.replica_index}'s peers to start")
 
 
-def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):
+def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs,
+                        chief_decides=False):
     """The checkpoint prefix this worker restores (None: start afresh).
 
     The steps every worker has are exchanged in one all-gather; the chosen
     step is the newest the chief and every worker share, else the chief's
-    newest (a worker without it restores nothing and is told so).
+    newest (a worker without it restores nothing and is told so). With
+    `chief_decides` (every input's position is in the variables the chief
+    broadcasts: towerlib.global_batch_input) it is the chief's newest: a
+    worker new to the job, or one whose folder is older, restores nothing and
+    takes the chief's values, its input position included.
     """
     for path in checkpoints.remove_leftovers(own_dir):
         logger.info("Removed leftover of an interrupted save: %s", path)
@@ -169,8 +177,14 @@ def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):
         config.operation_timeout_in_ms = int(timeout_secs * 1000)
         with tf.compat.v1.Session(server.target, config=config) as session:
             rows = session.run(gathered).reshape([workers, _AGREEMENT_STEPS])
-    step = choose_resume_step([[int(s) for s in r if s >= 0] for r in rows])
+    step = choose_resume_step([[int(s) for s in r if s >= 0] for r in rows],
+                              chief_decides)
     if step is None:
+        return None
+    if step not in own and chief_decides:
+        logger.info("Worker %d has no checkpoint of global step %d in %s: it takes the "
+                    "chief's values, its input position included.", cluster.replica_index,
+                    step, own_dir)
         return None
     if step not in own:
         logger.warning("Worker %d has no checkpoint of global step %d in %s: it takes "
@@ -180,17 +194,22 @@ def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs):
     return own[step]
 
 
-def choose_resume_step(steps_per_worker):
+def choose_resume_step(steps_per_worker, chief_decides=False):
     """The global step every worker resumes from, or None to start afresh.
 
     `steps_per_worker[r]` lists worker r's complete checkpoints (the chief's
     first). The newest step all of them have keeps every worker's input
     position; without one, the chief's newest keeps the weights at least.
+    With `chief_decides` (the chief's broadcast carries every worker's input
+    position), the chief's newest, whatever the others hold.
 
         choose_resume_step([[10, 20], [10, 20]])   # 20
         choose_resume_step([[10, 20], [10]])       # 10: worker 1 lost step 20
         choose_resume_step([[10, 20], []])         # 20: worker 1 starts its data over
+        choose_resume_step([[10, 20], [10]], chief_decides=True)   # 20
     """
+    if chief_decides:
+        return max(steps_per_worker[0], default=None)
     common = set(steps_per_worker[0]).intersection(*map(set, steps_per_worker[1:]))
     if common:
         return max(common)
@@ -198,15 +217,23 @@ def choose_resume_step(steps_per_worker):
 
 
 class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
-    """Runs the chief's broadcast once each session is ready, before the first step."""
+    """Runs the chief's broadcast once each session is ready, before the first step,
+    then restarts the inputs whose position the broadcast set (global_batch_input)."""
 
     def __init__(self, broadcast_op):
         self._broadcast_op = broadcast_op
+        self._input_initializers = []
+
+    def begin(self):
+        self._input_initializers = tf.compat.v1.get_collection(
+            inputs_lib.INPUT_INITIALIZERS)
 
     def after_create_session(self, session, coord):
         del coord
         if self._broadcast_op is not None:  # None: a job of one worker
             session.run(self._broadcast_op)
+            if self._input_initializers:
+                session.run(self._input_initializers)
 
 
 class _OneSessionOnly(tf.compat.v1.train.SessionCreator):
@@ -270,6 +297,14 @@ def _lost_message(cluster, deadline_secs, what):
             "(raise step_deadline_secs if steps are this slow).")
 
 
+def _positions_broadcast(train_graph):
+    """Whether every input of the step keeps its position in (broadcast) variables."""
+    graph = train_graph.train_op.graph
+    return bool(global_batches.inputs_of(graph)) and not data_position.unsaved_iterators(
+        train_graph.train_op) and not graph.get_collection(
+            tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+
+
 def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
                            startup_timeout_secs=600.0,
                            step_deadline_secs=replica_watch.DEFAULT_STEP_DEADLINE_SECS,
@@ -315,8 +350,9 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
     own_dir = worker_train_dir(train_dir, cluster)
     tf.io.gfile.makedirs(own_dir)
     try:
-        restore_from = agree_on_checkpoint(cluster, server, graph.session_config, own_dir,
-                                           startup_timeout_secs)
+        restore_from = agree_on_checkpoint(
+            cluster, server, graph.session_config, own_dir, startup_timeout_secs,
+            chief_decides=_positions_broadcast(graph.train_graph))
     except _LOST_PEER_ERRORS:
         raise WorkerLostError(_lost_message(
             cluster, startup_timeout_secs, "the workers could not agree on a checkpoint "

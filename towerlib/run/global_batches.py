@@ -23,11 +23,12 @@ it (a float16 step skipped for overflow still read its batch, as in an
 uninterrupted run). The position of the next batch is
 `examples_before + batches_read * global_batch_size`.
 
-The iterator is initializable: its initializer (in LOCAL_INIT_OP, run by
-run_training's Scaffold after it restores, and by TrainGraph.initialize)
-reads that position, so it must run after every restore (run it yourself
-after a Saver.restore of your own: `session.run(tf.compat.v1.get_collection(
-tf.compat.v1.GraphKeys.LOCAL_INIT_OP))`).
+The iterator is initializable: its initializer reads that position, so it
+must run after every restore. It is in the TABLE_INITIALIZERS collection,
+which the default Scaffold's local_init_op runs after restoring (so
+run_training and MonitoredTrainingSession need nothing), as does
+TrainGraph.initialize; after a Saver.restore of your own, run
+`tf.compat.v1.tables_initializer()` again.
 
 Compared with `towerlib.saved_position_iterator`, which saves a pipeline's
 whole tf.data state (its shuffle buffer and prefetched batches, tied to the
@@ -289,7 +290,9 @@ def _dataset(arrays, decode, augment, first, seed, global_batch_size, bounds, n)
 def _register(built, next_element):
     graph = tf.compat.v1.get_default_graph()
     graph.add_to_collection(COLLECTION, built)
-    graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_INIT_OP, built.initializer)
+    # Scaffold's default local_init_op runs this collection after restoring; the
+    # LOCAL_INIT_OP collection would replace that default op instead of joining it.
+    graph.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, built.initializer)
     graph.add_to_collection(inputs_lib.INPUT_INITIALIZERS, built.initializer)
     data_position.mark_positioned(next_element)
 

@@ -91,7 +91,7 @@ class TrainGraph:
         The global variables first, then, in a separate run, the local ones:
         replicated copies (and their slots) read tower 0's initialized values.
         After restoring tower 0's variables from a checkpoint instead, run
-        `sync_copies_op` (when not None), then the LOCAL_INIT_OP collection
+        `sync_copies_op` (when not None), then `tf.compat.v1.tables_initializer()`
         (towerlib.global_batch_input's iterator starts at the restored position).
 
         Across workers (built with `workers=`) the chief's values are then
@@ -112,9 +112,7 @@ class TrainGraph:
                       tf.compat.v1.tables_initializer()]
         input_init = self.train_op.graph.get_collection(inputs_lib.INPUT_INITIALIZERS)
         session.run(global_init)
-        session.run(local_init)
-        if input_init:  # an input positioned by variables: once they hold their values
-            session.run(input_init)
+        session.run(local_init)  # tables_initializer starts global_batch_input's iterator
         if self.broadcast_op is not None:
             options = tf.compat.v1.RunOptions(timeout_in_ms=max(1, int(timeout_secs * 1000)))
             try:

@@ -1,0 +1,115 @@
+"""A run resumed on another topology continues the run that never stopped.
+
+Each pair trains 10 steps on one topology (W workers x N towers x k
+accumulation micro-batches), then 10 more on another from the same
+train_dir, and compares the chief's checkpoint at step 20 with that of a run
+that trained 20 steps on the first topology without stopping: every weight,
+Momentum slot and batch-norm moving statistic within 1e-5. The processes run
+on 127.0.0.1 only (tests/cluster/resized_job.py), each under the test's budget.
+
+With towerlib.global_batch_input the global batch of every step is the same
+whatever the topology; with the shard-then-shuffle input each worker's order
+depends on the worker count, and the same resized pair misses.
+"""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.distributed_processes import ProcessGroup, free_ports
+
+pytestmark = pytest.mark.slow
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resized_job.py")
+BUDGET_SECS = 400
+STEPS_EACH = 10
+
+
+@pytest.fixture
+def processes(tmp_path):
+    group = ProcessGroup(tmp_path, BUDGET_SECS, command=(sys.executable, JOB))
+    yield group
+    group.close()
+
+
+def train(processes, train_dir, max_steps, workers, towers, k=1, batch_norm=True,
+          kind="global"):
+    """Trains (or resumes) train_dir to max_steps on workers x towers x k."""
+    common = [f"--train_dir={train_dir}", f"--max_steps={max_steps}",
+              f"--towers={towers}", f"--accumulation_steps={k}",
+              f"--batch_norm={int(batch_norm)}", f"--input={kind}",
+              f"--workers={workers}"]
+    ports = ",".join(map(str, free_ports(workers))) if workers > 1 else ""
+    names = []
+    for task in range(workers):
+        name = f"{os.path.basename(train_dir)}_{max_steps}_{workers}x{towers}x{k}_{task}"
+        processes.start(name, common + [f"--task={task}", f"--ports={ports}"])
+        names.append(name)
+    for name in names:
+        assert processes.wait(name, 200) == 0, processes.describe(name)
+
+
+def saved_values(train_dir, step):
+    """{name: value} of every float variable of the checkpoint at `step`."""
+    reader = tf.compat.v1.train.NewCheckpointReader(
+        os.path.join(str(train_dir), f"model.ckpt-{step}"))
+    dtypes = reader.get_variable_to_dtype_map()
+    return {name: reader.get_tensor(name) for name in sorted(dtypes)
+            if dtypes[name].is_floating}
+
+
+def largest_gap(processes, tmp_path, before, after, kind="global", **model):
+    """Max |difference| of every saved float value at step 20: resized against
+    uninterrupted. before, after: (workers, towers, k)."""
+    whole, resized = tmp_path / "uninterrupted", tmp_path / "resized"
+    train(processes, whole, 2 * STEPS_EACH, *before, kind=kind, **model)
+    train(processes, resized, STEPS_EACH, *before, kind=kind, **model)
+    train(processes, resized, 2 * STEPS_EACH, *after, kind=kind, **model)
+    expected, got = saved_values(whole, 20), saved_values(resized, 20)
+    assert sorted(got) == sorted(expected)
+    names = list(expected)
+    assert any("Momentum" in n for n in names)
+    if model.get("batch_norm", True):
+        assert any("moving_mean" in n for n in names), names
+    halfway = saved_values(whole, STEPS_EACH)
+    moved = max(np.abs(expected[n] - halfway[n]).max() for n in names)
+    assert moved > 1e-2  # the 10 steps after the change do move the weights
+    return max(np.abs(expected[n] - got[n]).max() for n in names)
+
+
+@pytest.mark.parametrize("before, after", [
+    ((2, 2, 1), (1, 4, 1)),
+    ((1, 2, 1), (2, 2, 1)),
+    ((1, 4, 1), (1, 2, 1)),
+], ids=["2x2_to_1x4", "1x2_to_2x2", "4_towers_to_2"])
+def test_a_resized_run_continues_the_uninterrupted_one(processes, tmp_path, before, after):
+    assert largest_gap(processes, tmp_path, before, after) < 1e-5
+
+
+def test_accumulation_may_replace_a_worker(processes, tmp_path):
+    # Without batch norm: with k micro-batches a sync batch norm normalizes each
+    # micro-batch with that micro-batch's statistics, which is another computation.
+    gap = largest_gap(processes, tmp_path, (2, 1, 1), (1, 1, 2), batch_norm=False)
+    assert gap < 1e-5
+
+
+def test_the_shard_then_shuffle_input_misses_the_same_pair(processes, tmp_path):
+    gap = largest_gap(processes, tmp_path, (2, 2, 1), (1, 4, 1), kind="sharded")
+    assert gap > 1e-3
+
+
+def test_a_worker_back_with_an_older_folder_takes_the_chiefs_position(processes, tmp_path):
+    # 2 x 2 to step 10, one machine to 20, 2 x 2 again to 30: worker 1's folder still
+    # holds step 10, and the job goes on from the chief's step 20.
+    whole, resized = tmp_path / "uninterrupted", tmp_path / "resized"
+    train(processes, whole, 3 * STEPS_EACH, 2, 2)
+    for max_steps, topology in ((10, (2, 2)), (20, (1, 4)), (30, (2, 2))):
+        train(processes, resized, max_steps, *topology)
+    chief_log = processes.log_text("resized_30_2x2x1_0")
+    assert "Restoring " + str(resized / "model.ckpt-20.") in chief_log
+    assert "model.ckpt-10" not in processes.log_text("resized_30_2x2x1_1")
+    expected, got = saved_values(whole, 30), saved_values(resized, 30)
+    assert max(np.abs(expected[n] - got[n]).max() for n in expected) < 1e-5
