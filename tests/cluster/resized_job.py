@@ -4,7 +4,8 @@
     python resized_job.py --workers=1 --towers=4 --train_dir=D ...   # one machine
 
 Trains a small model (dense, towerlib batch norm in 'sync' mode, dense; or
-without batch norm) with Momentum and towerlib.Replicated() on a fixed table
+without batch norm; in float32 or float16 with its loss scale; evaluated
+every 5 steps or not) with Momentum and towerlib.Replicated() on a fixed table
 of examples until --max_steps, resuming from what --train_dir holds. The
 input is either towerlib.global_batch_input ('global': the global batch of a
 step is fixed by the seed and the position) or the shard-then-shuffle input
@@ -33,20 +34,38 @@ def table():
             rng.randint(0, CLASSES, size=EXAMPLES).astype(np.int32))
 
 
+def logits_of(x, ctx, batch_norm):
+    w1 = tf.compat.v1.get_variable(
+        "w1", [FEATURES, 5], initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
+    h = tf.matmul(x, w1)
+    if batch_norm:
+        h = towerlib.batch_norm(h, ctx, name="bn", momentum=0.8)
+    w2 = tf.compat.v1.get_variable(
+        "w2", [5, CLASSES], initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
+    return tf.matmul(tf.nn.tanh(h), w2)
+
+
 def tower_fn(batch_norm):
     def model(inputs, ctx):
         x, y = inputs
-        w1 = tf.compat.v1.get_variable(
-            "w1", [FEATURES, 5], initializer=tf.compat.v1.glorot_uniform_initializer(seed=1))
-        h = tf.matmul(x, w1)
-        if batch_norm:
-            h = towerlib.batch_norm(h, ctx, name="bn", momentum=0.8)
-        w2 = tf.compat.v1.get_variable(
-            "w2", [5, CLASSES], initializer=tf.compat.v1.glorot_uniform_initializer(seed=2))
-        logits = tf.matmul(tf.nn.tanh(h), w2)
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=y, logits=logits))
+            labels=y, logits=tf.cast(logits_of(x, ctx, batch_norm), tf.float32)))
     return model
+
+
+def evaluation(batch_norm, devices):
+    """Every 5 steps: the cross-entropy of the first 12 examples, lower is better."""
+    def metric_fn(inputs, ctx):
+        x, y = inputs
+        logits = tf.cast(logits_of(x, ctx, batch_norm), tf.float32)
+        return {"xent": tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y,
+                                                                        logits=logits)}
+    images, labels = table()
+    eval_graph = towerlib.build_eval_graph(
+        metric_fn, (tf.constant(images[:12]), tf.constant(labels[:12])), devices=devices,
+        reuse_variables=True)
+    return towerlib.Evaluation(eval_graph, 5, "xent", higher_is_better=False,
+                               num_batches=1, keep_best=False, patience=100)
 
 
 def inputs(kind, group):
@@ -69,12 +88,16 @@ def main():
     parser.add_argument("--accumulation_steps", type=int, default=1)
     parser.add_argument("--batch_norm", type=int, default=1)
     parser.add_argument("--input", choices=["global", "sharded"], default="global")
+    parser.add_argument("--float16", type=int, default=0)
+    parser.add_argument("--evaluate", type=int, default=0)
     parser.add_argument("--train_dir", required=True)
     parser.add_argument("--max_steps", type=int, required=True)
     args = parser.parse_args()
     tf.compat.v1.set_random_seed(3)
     options = dict(bn_mode="sync", update=towerlib.Replicated(), summaries=False,
                    accumulation_steps=args.accumulation_steps)
+    if args.float16:
+        options["precision"] = towerlib.Float16()
     optimizer = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
     loop = dict(train_dir=args.train_dir, max_steps=args.max_steps, log_every_n_steps=1,
                 save_checkpoint_steps=10, save_summaries_steps=None)
@@ -85,6 +108,8 @@ def main():
             train = towerlib.build_train_graph(model, batch, optimizer,
                                                num_towers=args.towers, device_type="cpu",
                                                **options)
+            if args.evaluate:
+                loop["evaluation"] = evaluation(bool(args.batch_norm), train.devices)
             result = towerlib.run_training(train, **loop)
     else:
         cluster = cluster_lib.cluster_from_flags(
@@ -97,6 +122,9 @@ def main():
             graph = cluster_lib.build_sync_train_graph(
                 model, batch, optimizer, cluster, num_towers=args.towers,
                 device_type="cpu", **options)
+            if args.evaluate:
+                loop["evaluation"] = evaluation(bool(args.batch_norm),
+                                                graph.train_graph.devices)
             result = cluster_lib.run_distributed_training(
                 graph, server, startup_timeout_secs=120, step_deadline_secs=120, **loop)
     print("finished", result.global_step, result.loss, flush=True)

@@ -36,12 +36,13 @@ def processes(tmp_path):
 
 
 def train(processes, train_dir, max_steps, workers, towers, k=1, batch_norm=True,
-          kind="global"):
+          kind="global", float16=False, evaluate=False):
     """Trains (or resumes) train_dir to max_steps on workers x towers x k."""
     common = [f"--train_dir={train_dir}", f"--max_steps={max_steps}",
               f"--towers={towers}", f"--accumulation_steps={k}",
               f"--batch_norm={int(batch_norm)}", f"--input={kind}",
-              f"--workers={workers}"]
+              f"--workers={workers}", f"--float16={int(float16)}",
+              f"--evaluate={int(evaluate)}"]
     ports = ",".join(map(str, free_ports(workers))) if workers > 1 else ""
     names = []
     for task in range(workers):
@@ -53,12 +54,17 @@ def train(processes, train_dir, max_steps, workers, towers, k=1, batch_norm=True
 
 
 def saved_values(train_dir, step):
-    """{name: value} of every float variable of the checkpoint at `step`."""
+    """{name: value as float64} of every variable of the checkpoint at `step`."""
     reader = tf.compat.v1.train.NewCheckpointReader(
         os.path.join(str(train_dir), f"model.ckpt-{step}"))
-    dtypes = reader.get_variable_to_dtype_map()
-    return {name: reader.get_tensor(name) for name in sorted(dtypes)
-            if dtypes[name].is_floating}
+    values = {name: np.asarray(reader.get_tensor(name), np.float64)
+              for name in sorted(reader.get_variable_to_shape_map())}
+    if "global_batches/batches_read" in values:
+        # The input's position: its two counters are rebased at each resume.
+        values["input position"] = (values.pop("global_batches/examples_before")
+                                    + values.pop("global_batches/batches_read")
+                                    * values["global_batches/global_batch_size"])
+    return values
 
 
 def largest_gap(processes, tmp_path, before, after, kind="global", **model):
@@ -74,6 +80,10 @@ def largest_gap(processes, tmp_path, before, after, kind="global", **model):
     assert any("Momentum" in n for n in names)
     if model.get("batch_norm", True):
         assert any("moving_mean" in n for n in names), names
+    if model.get("float16"):
+        assert any("loss_scale" in n for n in names), names
+    if model.get("evaluate"):
+        assert any("towerlib_evaluation" in n for n in names), names
     halfway = saved_values(whole, STEPS_EACH)
     moved = max(np.abs(expected[n] - halfway[n]).max() for n in names)
     assert moved > 1e-2  # the 10 steps after the change do move the weights
@@ -87,6 +97,14 @@ def largest_gap(processes, tmp_path, before, after, kind="global", **model):
 ], ids=["2x2_to_1x4", "1x2_to_2x2", "4_towers_to_2"])
 def test_a_resized_run_continues_the_uninterrupted_one(processes, tmp_path, before, after):
     assert largest_gap(processes, tmp_path, before, after) < 1e-5
+
+
+def test_float16_and_evaluation_state_continue_on_another_topology(processes, tmp_path):
+    # The loss scale and the early-stopping state (best value, its step, evaluations
+    # since) are variables every checkpoint saves and the chief broadcasts.
+    gap = largest_gap(processes, tmp_path, (2, 2, 1), (1, 4, 1), float16=True,
+                      evaluate=True)
+    assert gap < 1e-5
 
 
 def test_accumulation_may_replace_a_worker(processes, tmp_path):
