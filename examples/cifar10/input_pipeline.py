@@ -1,10 +1,13 @@
 """tf.data input pipelines for CIFAR-10: augmentation, shuffling, batching, prefetching.
 
-Both pipelines yield ``(images float32 [B, 32, 32, 3], labels int32 [B])``, where ``B`` is
+The pipelines yield ``(images float32 [B, 32, 32, 3], labels int32 [B])``, where ``B`` is
 the GLOBAL batch: towerlib splits it across the towers, so the input side does not know or
-care how many towers there are, and one element is one optimizer step. In a cluster each
-worker reads its own shard of the training records and ``B`` is its share of the global
-batch (global batch / workers); one element is still one step.
+care how many towers there are, and one element is one optimizer step. The default
+training input, ``global_train_batches``, fixes the global batch of every step by the seed
+and the step (towerlib.global_batch_input): in a cluster each worker reads its slice of
+it, and a run may change its number of workers or towers between two lives. The older
+``train_dataset`` (the parameter-server path) has each worker read its own shard of the
+records and ``B`` its share of the global batch (global batch / workers).
 
 Both training augmentations keep the 32x32 size (the original tutorial cropped to 24x24),
 so the evaluation input is the untouched image and both models see the same input shape:
@@ -20,6 +23,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+import towerlib
 from examples.cifar10 import data
 
 AUGMENTATIONS = ("tutorial", "resnet")
@@ -31,6 +35,9 @@ CONTRAST_RANGE = (0.2, 1.8)
 # A full-epoch shuffle for the generated set (5000 examples) and a large window for the
 # real one (50000); the records are cached in memory, so the buffer costs only RAM.
 SHUFFLE_BUFFER = 20000
+# The data order of a run without --seed (global_train_batches): the same on every worker
+# and at every restart, as the run's definition needs; the weights still start at random.
+DEFAULT_DATA_SEED = 0
 
 
 def _random_pad_crop_flip(image, seed=None):
@@ -169,6 +176,43 @@ def train_dataset(
     )
     dataset = dataset.batch(batch_size, drop_remainder=True)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def global_train_batches(
+    split_files: data.SplitFiles,
+    global_batch_size: int,
+    augmentation: str = "tutorial",
+    seed: Optional[int] = None,
+    workers=None,
+):
+    """This process's slice of each step's global batch, fixed by the seed and the step.
+
+    towerlib.global_batch_input over the training files (held in memory, 150 MB for the
+    real set): every epoch a fresh permutation of the records computed from the seed, each
+    image augmented with a seed of its own made of (seed, epoch, record), and worker r of a
+    cluster reads only its contiguous slice of each global batch. So the global batch of
+    every step is the same on any number of workers and towers, and a run may resume on
+    another topology; its position in checkpoints is four numbers, no shuffle buffer.
+
+    Args:
+      split_files: the validated training files (data.validate_split(dir, 'train')).
+      global_batch_size: the examples of one step, whole cluster.
+      augmentation: 'tutorial' or 'resnet'.
+      seed: the data order and augmentation; None gives DEFAULT_DATA_SEED (every worker,
+        and every restart, must read the same order).
+      workers: a towerlib.WorkerGroup (a cluster's all-reduce workers) or None.
+
+    Returns:
+      (images float32 [n, 32, 32, 3], labels int32 [n]) tensors, n this process's share
+      of the global batch; read once per step.
+    """
+    check_augmentation(augmentation)
+    augment = _AUGMENT_FNS[augmentation]
+    source = towerlib.FixedLengthRecords(list(split_files.paths), data.RECORD_BYTES,
+                                         data.decode_record)
+    return towerlib.global_batch_input(
+        source, global_batch_size, seed=DEFAULT_DATA_SEED if seed is None else seed,
+        workers=workers, augment=lambda example, key: (augment(example[0], key), example[1]))
 
 
 def eval_dataset(split_files: data.SplitFiles, batch_size: int):

@@ -53,6 +53,18 @@ class TrainPlan:
         return self.cluster is not None and self.flags.variable_update == "replicated"
 
     @property
+    def global_input(self) -> bool:
+        """Whether the input is the global batch fixed by the step (one machine, or the
+        all-reduce workers): its variables are this process's, in its checkpoints. Through
+        ps tasks they would be shared by every worker: each worker reads its shard."""
+        return self.cluster is None or self.allreduce
+
+    @property
+    def workers(self):
+        """This process among the workers that read the global batch (None: alone)."""
+        return None if self.cluster is None else self.cluster.worker_group
+
+    @property
     def num_shards(self) -> int:
         return 1 if self.cluster is None else self.cluster.num_replicas
 
@@ -263,15 +275,18 @@ def describe(plan: TrainPlan) -> str:
         variables = _variables(flags, plan.update)
     else:
         cluster = plan.cluster
+        read = ("its slice of each global batch" if plan.global_input else
+                "from shard %d of %d of the training data (%d examples)" % (
+                    plan.shard_index + 1, plan.num_shards,
+                    input_pipeline.shard_size(plan.train_files.num_examples,
+                                              plan.num_shards, plan.shard_index)))
         where = (
             "as worker %d of %d%s (%s) on %d tower(s) %s, %d examples per step of the "
-            "global batch %d (%s), from shard %d of %d of the training data (%d examples)"
+            "global batch %d (%s), %s"
             % (cluster.replica_index, cluster.num_replicas,
                ", the chief" if cluster.is_chief else "", cluster.task_device,
                len(plan.devices), plan.devices, plan.batch_size, flags.global_batch_size,
-               shares, plan.shard_index + 1, plan.num_shards,
-               input_pipeline.shard_size(plan.train_files.num_examples, plan.num_shards,
-                                         plan.shard_index)))
+               shares, read))
         variables = ("every tower of every worker (replicated, gradients all-reduced "
                      "across the %d workers)" % cluster.num_replicas if plan.allreduce
                      else "the %d ps task(s)" % cluster.num_ps)

@@ -184,6 +184,13 @@ def check_checkpoint_fits_graph(checkpoint: Optional[str], train_dir: str) -> No
     for saveable in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS):
         if not any(spec.name in stored for spec in saveable.specs):
             missing.append("%s (the data position)" % saveable.name)
+    if missing and not reshaped and all(n.startswith("global_batches/") for n in missing):
+        raise options.FlagError(
+            "The checkpoint %s in --train_dir=%r was written with another input (the "
+            "shuffled shards of a ps cluster, or of an older version of this example): it "
+            "holds no position of the global batches this run reads. Fix: the same "
+            "--ps_hosts as the run that wrote it, a new --train_dir, or "
+            "--overwrite_train_dir to delete it and start over." % (checkpoint, train_dir))
     if missing or reshaped:
         problems = []
         if missing:

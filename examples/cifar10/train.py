@@ -54,17 +54,23 @@ class CifarModel(towerlib.TowerModel):
 def inputs_and_optimizer(plan, save_position=True):
     """All on the host CPU. plan: the run the job made of the flags (planning.TrainPlan).
     The batch is the GLOBAL one: towerlib splits it over the towers, the input knows no
-    tower count. save_position: checkpoints hold the input's position, a rerun reads on."""
+    tower count; its position is in every checkpoint, so a rerun reads on, on any number
+    of towers or workers. save_position: the ps path's sharded input saves its position."""
     flags = plan.flags
     with tf.device("/device:CPU:0"):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         with tf.name_scope("input"):
-            dataset = input_pipeline.train_dataset(  # shard 0 of 1 but on a cluster
-                plan.train_files, plan.batch_size, plan.augmentation, seed=flags.seed,
-                num_shards=plan.num_shards, shard_index=plan.shard_index)
-            iterator = (towerlib.saved_position_iterator(dataset) if save_position
-                        else tf.compat.v1.data.make_one_shot_iterator(dataset))
-            batch = iterator.get_next()
+            if plan.global_input:  # this worker's slice of the step's global batch
+                batch = input_pipeline.global_train_batches(
+                    plan.train_files, flags.global_batch_size, plan.augmentation,
+                    seed=flags.seed, workers=plan.workers)
+            else:  # through ps tasks: each worker its own shard, shuffled
+                dataset = input_pipeline.train_dataset(
+                    plan.train_files, plan.batch_size, plan.augmentation, seed=flags.seed,
+                    num_shards=plan.num_shards, shard_index=plan.shard_index)
+                iterator = (towerlib.saved_position_iterator(dataset) if save_position
+                            else tf.compat.v1.data.make_one_shot_iterator(dataset))
+                batch = iterator.get_next()
         learning_rate = plan.lr_schedule.tensor(global_step)  # in epochs of global batches
         if flags.optimizer == "momentum":
             optimizer = tf.compat.v1.train.MomentumOptimizer(learning_rate, flags.momentum)

@@ -23,10 +23,15 @@ All-reduce across the workers instead of a ps: no --ps_hosts, and
 Without cluster flags (and without TF_CONFIG) it trains in one process on
 --num_towers towers: the same global batches, the same updates.
 
-The data is synthetic and deterministic: a fixed table of --num_examples
-random 8x8x3 images with labels; step s uses rows (s * B + j) mod N for
-j < B = --global_batch_size, and replica r of R takes its contiguous share
-of those rows, so any cluster layout sees the same global batch per step.
+The data is synthetic: a fixed table of --num_examples random 8x8x3 images
+with labels. By default (--data_order=global_batches) the global batch of a
+step is towerlib.global_batch_input's: each epoch a permutation of the table
+fixed by --seed, worker r of R reading its contiguous slice of each global
+batch; its position is in every checkpoint, so --num_towers and the number of
+workers may change between two runs on one --train_dir. Through ps tasks (whose
+variables every worker shares) and with --data_order=rows_by_step, step s uses
+rows (s * B + j) mod N for j < B = --global_batch_size, replica r its share.
+Either way any cluster layout sees the same global batch per step.
 """
 
 import os
@@ -67,7 +72,11 @@ flags.DEFINE_enum("variable_update", "parameter_server", ["parameter_server", "r
 flags.DEFINE_string("train_dir", "/tmp/towerlib_distributed", "Checkpoints and events.")
 flags.DEFINE_integer("save_checkpoint_steps", 100, "Checkpoint every this many steps.")
 flags.DEFINE_integer("log_every_n_steps", 1, "Log every this many steps.")
-flags.DEFINE_integer("seed", 0, "Seed of the data table.")
+flags.DEFINE_integer("seed", 0, "Seed of the data table and of its order.")
+flags.DEFINE_enum("data_order", "global_batches", ["global_batches", "rows_by_step"],
+                  "'global_batches': towerlib.global_batch_input, a shuffled order whose "
+                  "position checkpoints hold (not through ps tasks, which always use "
+                  "'rows_by_step': rows s*B..s*B+B-1 of the table at step s).")
 flags.DEFINE_float("sleep_secs_per_step", 0.0,
                    "Pause after each step, to watch (or kill and restart) a run.")
 flags.DEFINE_float("ps_timeout_secs", 0.0,
@@ -121,17 +130,27 @@ def model(inputs, ctx):
         labels=labels, logits=logits))
 
 
+def data_table():
+    """(images [N, 8, 8, 3] float32, labels [N] int32) as numpy arrays, fixed by --seed."""
+    rng = np.random.RandomState(FLAGS.seed)
+    return (rng.normal(size=(FLAGS.num_examples,) + IMAGE_SHAPE).astype(np.float32),
+            rng.randint(0, NUM_CLASSES, size=FLAGS.num_examples).astype(np.int32))
+
+
+def global_batches(workers=None):
+    """This worker's slice of each step's global batch (towerlib.global_batch_input)."""
+    return towerlib.global_batch_input(data_table(), FLAGS.global_batch_size,
+                                       seed=FLAGS.seed, workers=workers)
+
+
 def replica_batch(global_step, replica_index, num_replicas):
     """This replica's rows of step `global_step`'s global batch.
 
     Returns (images [n_r, 8, 8, 3] float32, labels [n_r] int32), where n_r is
     replica r's share of the global batch (shares differ by at most one).
     """
-    rng = np.random.RandomState(FLAGS.seed)
-    table_images = tf.constant(
-        rng.normal(size=(FLAGS.num_examples,) + IMAGE_SHAPE).astype(np.float32))
-    table_labels = tf.constant(
-        rng.randint(0, NUM_CLASSES, size=FLAGS.num_examples).astype(np.int32))
+    images, labels = data_table()
+    table_images, table_labels = tf.constant(images), tf.constant(labels)
     # The first B mod R replicas get one example more, as towerlib splits over towers.
     base, extra = divmod(FLAGS.global_batch_size, num_replicas)
     sizes = [base + (1 if r < extra else 0) for r in range(num_replicas)]
@@ -159,8 +178,10 @@ def extra_hooks():
 def train_one_machine():
     with tf.Graph().as_default():
         global_step = tf.compat.v1.train.get_or_create_global_step()
+        batch = (global_batches() if FLAGS.data_order == "global_batches"
+                 else replica_batch(global_step, 0, 1))
         train_graph = towerlib.build_train_graph(
-            model, replica_batch(global_step, 0, 1),
+            model, batch,
             tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),
             devices=towerlib.tower_devices(FLAGS.num_towers, FLAGS.device_type),
             bn_mode=FLAGS.bn_mode, update=FLAGS.variable_update,
@@ -183,8 +204,11 @@ def train_replica(cluster):
         placer = None if allreduce else cluster_lib.ParameterServerPlacer(cluster)
         with tf.compat.v1.device(placer or f"{cluster.task_device}/device:CPU:0"):
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            inputs = replica_batch(global_step, cluster.replica_index,
-                                   cluster.num_replicas)
+            if allreduce and FLAGS.data_order == "global_batches":
+                inputs = global_batches(cluster.worker_group)
+            else:
+                inputs = replica_batch(global_step, cluster.replica_index,
+                                       cluster.num_replicas)
         graph = cluster_lib.build_sync_train_graph(
             model, inputs,
             tf.compat.v1.train.GradientDescentOptimizer(FLAGS.learning_rate),

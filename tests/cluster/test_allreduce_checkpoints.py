@@ -1,7 +1,7 @@
 """Checkpoints interchange between one machine and an all-reduce job, both ways.
 
 The chief's checkpoint holds its tower 0 copy under the plain names, as one
-machine's does. With the distributed example (data keyed by the global step,
+machine's does. With the distributed example (towerlib.global_batch_input,
 sync batch norm, 4 towers in all):
 
 - one machine trains to step 6, then two all-reducing workers resume its
@@ -44,9 +44,15 @@ def two_workers(processes, name, train_dir, max_steps):
 
 
 def values(train_dir):
+    """Every saved value; the input's two counters as the one position they give (a
+    resume folds the batches read into the examples before)."""
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(train_dir)))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith("_")}
+    found = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+             if not name.startswith("_")}
+    found["input position"] = (found.pop("global_batches/examples_before")
+                               + found.pop("global_batches/batches_read")
+                               * found["global_batches/global_batch_size"])
+    return found
 
 
 def test_checkpoints_move_between_one_machine_and_workers(processes, tmp_path):

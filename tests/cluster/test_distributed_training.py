@@ -85,7 +85,7 @@ def test_two_workers_train_like_one_process_with_four_towers(processes, tmp_path
     processes.start("reference", [
         f"--train_dir={tmp_path / 'reference'}", f"--max_steps={steps}",
         f"--global_batch_size={GLOBAL_BATCH}", "--log_every_n_steps=1",
-        f"--num_towers={2 * TOWERS_PER_WORKER}", *model_flags])
+        f"--num_towers={2 * TOWERS_PER_WORKER}", "--data_order=rows_by_step", *model_flags])
 
     # Every process ends on its own: the workers at max_steps, the ps once
     # both workers have reported done.

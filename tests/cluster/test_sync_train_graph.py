@@ -81,3 +81,20 @@ def test_either_updates_result_has_train_graphs_fields(update):
             assert getattr(graph, field) is getattr(graph.train_graph, field)
         with pytest.raises(AttributeError):
             graph.no_such_field  # noqa: B018
+
+
+def test_the_global_batch_input_through_ps_tasks_is_refused_in_one_line():
+    """Its counters must be each worker's own; a placer would share them on a ps task."""
+    cluster = cluster_lib.cluster_from_flags(
+        ps_hosts="localhost:1", worker_hosts="localhost:2,localhost:3", job_name="worker",
+        task_index=0)
+    with tf.Graph().as_default():
+        placer = cluster_lib.ParameterServerPlacer(cluster)
+        with tf.compat.v1.device(placer):
+            batch = towerlib.global_batch_input(np.ones([10, 3], np.float32), 4, seed=1,
+                                                workers=cluster.worker_group)
+        with pytest.raises(ValueError, match="Fix: update=towerlib.Replicated") as raised:
+            cluster_lib.build_sync_train_graph(
+                _tower, batch, tf.compat.v1.train.GradientDescentOptimizer(0.1), cluster,
+                num_towers=2, device_type="cpu", device_function=placer)
+        assert "\n" not in str(raised.value)

@@ -2,8 +2,9 @@
 run uninterrupted, and one seed repeats a run bit for bit.
 
 A tiny generated data set (200 training examples) and resnet8 on 2 CPU towers, with
-shuffling and augmentation on: the data position is in every checkpoint
-(towerlib.saved_position_iterator) and the augmentation is stateless, seeded per element.
+shuffling and augmentation on: the global batch of a step is fixed by the seed and the
+step (towerlib.global_batch_input), its position in every checkpoint, and the
+augmentation is stateless, seeded per example and epoch.
 """
 
 import os
@@ -67,11 +68,15 @@ def tiny_config(train_dir, data_dir, **overrides):
 
 
 def model_values(prefix):
-    """{name: value} of every tensor of a checkpoint but the data position (a variant,
-    which NumPy cannot hold; it is what makes the values equal, not what is compared)."""
+    """{name: value} of every tensor of a checkpoint, the input's two counters as the one
+    position they give (a resume folds the batches read into the examples before)."""
     reader = tf.train.load_checkpoint(prefix)
     dtypes = reader.get_variable_to_dtype_map()
-    return {n: reader.get_tensor(n) for n, dtype in dtypes.items() if dtype != tf.variant}
+    values = {n: reader.get_tensor(n) for n, dtype in dtypes.items() if dtype != tf.variant}
+    values["input position"] = (values.pop("global_batches/examples_before")
+                                + values.pop("global_batches/batches_read")
+                                * values["global_batches/global_batch_size"])
+    return values
 
 
 def assert_bit_identical(actual_prefix, expected_prefix):

@@ -351,3 +351,21 @@ def test_an_event_file_copied_in_during_a_life_is_not_claimed(tmp_path):
     with run_folder.claiming(str(tmp_path)):
         _write(str(tmp_path), RUN_EVENTS[:1] + copied)
     assert run_folder.written_files(str(tmp_path)) == set(RUN_EVENTS[:1])
+
+
+def test_a_checkpoint_of_another_input_is_refused_in_one_line_before_the_record(tmp_path):
+    """A ps cluster's checkpoint (or an older example's) has no global-batch position:
+    refused before train_config.json is rewritten, naming the input, not the model."""
+    import numpy as np
+
+    with tf.Graph().as_default():
+        weights = tf.compat.v1.get_variable("w", [2])
+        with tf.compat.v1.Session() as session:
+            session.run(weights.initializer)
+            prefix = tf.compat.v1.train.Saver().save(session, str(tmp_path / "model.ckpt"))
+    with tf.Graph().as_default():
+        tf.compat.v1.get_variable("w", [2])
+        towerlib.global_batch_input(np.zeros([4, 2], np.float32), 2, seed=0)
+        with pytest.raises(options.FlagError, match="written with another input") as raised:
+            run_folder.check_checkpoint_fits_graph(prefix, str(tmp_path))
+    assert "\n" not in str(raised.value) and "Fix:" in str(raised.value)

@@ -41,6 +41,7 @@ from towerlib.cluster import placement
 from towerlib.cluster.spec import ClusterInfo, check_cluster
 from towerlib.internals import deprecations
 from towerlib.internals import sync_replicas as sync_internals
+from towerlib.run import global_batches
 
 
 class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):
@@ -253,6 +254,12 @@ def _build_through_ps_tasks(tower_fn, inputs, optimizer, cluster, device_functio
             "parameter-server path never holds in one place (each worker hands its own "
             "to SyncReplicasOptimizer). Fix: update=towerlib.Replicated() (all-reduce "
             "across the workers), or no clipping.")
+    if global_batches.inputs_of(tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            "towerlib.global_batch_input keeps its position in variables each worker "
+            "must own, and through ps tasks every worker would share them (each step "
+            "would count W batches). Fix: update=towerlib.Replicated() (all-reduce "
+            "across the workers, no ps task), or an input of each worker's own.")
     if cluster.num_ps == 0:
         raise ValueError(
             "This cluster has no ps task, so the parameter-server path has nowhere to "

@@ -16,5 +16,6 @@ The package, one job per module:
   durable_files.py     fsync, atomic rename and atomic text files
   stopping.py          SIGINT/SIGTERM finish the step, save and stop
   data_position.py     the input pipeline's position saved in every checkpoint
+  global_batches.py    global_batch_input: the global batch fixed by the seed and the step
   determinism.py       seed_everything: a seeded run repeats
 """

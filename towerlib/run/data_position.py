@@ -25,6 +25,12 @@ is made, rather than at the first save minutes into the run.
 What the state costs: the shuffle buffer's elements and the prefetched
 batches are stored in each checkpoint (a `cache()` in memory stores the
 whole cache: prefer reading the files again).
+
+Its limits: the state is one process's pipeline, tied to its shard of the
+data and so to the number of workers; a resume on another number of workers
+cannot restore it. Where the examples can be read by index (arrays,
+fixed-length records), `towerlib.global_batch_input` saves four numbers
+instead and resumes on any topology (towerlib/run/global_batches.py).
 """
 
 import tensorflow as tf
