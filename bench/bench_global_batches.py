@@ -83,8 +83,8 @@ def _checkpoint(kind, files, folder):
     with tf.Graph().as_default():
         batch, saver = _input(kind, files, state=True)
         with tf.compat.v1.Session() as session:
-            session.run([tf.compat.v1.global_variables_initializer(),
-                         tf.compat.v1.tables_initializer()])
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.tables_initializer())  # the input, once they exist
             for _ in range(FLAGS.warm_batches):
                 session.run(batch)
             prefix = os.path.join(folder, kind, "state")
@@ -117,6 +117,7 @@ def _step_times(kind, files):
             if train is not None:
                 train.initialize(session)
             else:
+                session.run(tf.compat.v1.global_variables_initializer())
                 session.run(tf.compat.v1.tables_initializer())
             timed = {"input": lambda: session.run(batch)}
             if train is not None:
