@@ -201,3 +201,37 @@ def test_run_training_refuses_another_global_batch_before_the_run_folder_changes
         run(6, 4)
     assert written() == before
     assert run(4, 3).global_step == 3
+
+
+def test_train_graph_initialize_starts_the_input_at_the_saved_position(tmp_path):
+    """A session of one's own: initialize, then after a Saver.restore the tables
+    initializer again, and the steps read on from the checkpoint's position."""
+    def build():
+        images, labels = towerlib.global_batch_input((IMAGES, LABELS), 4, seed=3)
+
+        def model(inputs, ctx):
+            x, _ = inputs
+            w = tf.compat.v1.get_variable("w", [2, 1])
+            return tf.reduce_mean(tf.matmul(x, w))
+
+        train = towerlib.build_train_graph(
+            model, (images, labels), tf.compat.v1.train.GradientDescentOptimizer(1e-3),
+            num_towers=2, device_type="cpu")
+        return train, labels
+
+    expected = [labels.tolist() for _, labels in _labels_read(5)]
+    prefix = str(tmp_path / "model.ckpt")
+    read = []
+    for restore in (False, True):
+        with tf.Graph().as_default():
+            train, labels = build()
+            saver = tf.compat.v1.train.Saver()
+            with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+                train.initialize(session)
+                if restore:
+                    saver.restore(session, prefix)
+                    session.run(tf.compat.v1.tables_initializer())
+                for _ in range(3 if not restore else 2):
+                    read.append(session.run([train.train_op, labels])[1].tolist())
+                saver.save(session, prefix)
+    assert read == expected
