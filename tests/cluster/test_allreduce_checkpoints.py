@@ -44,15 +44,9 @@ def two_workers(processes, name, train_dir, max_steps):
 
 
 def values(train_dir):
-    """Every saved value; the input's two counters as the one position they give (a
-    resume folds the batches read into the examples before)."""
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(train_dir)))
-    found = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-             if not name.startswith("_")}
-    found["input position"] = (found.pop("global_batches/examples_before")
-                               + found.pop("global_batches/batches_read")
-                               * found["global_batches/global_batch_size"])
-    return found
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith("_")}
 
 
 def test_checkpoints_move_between_one_machine_and_workers(processes, tmp_path):

@@ -87,15 +87,9 @@ def test_a_worker_that_never_starts_is_named(processes, tmp_path):
 
 
 def final_values(train_dir, step):
-    """Every saved value; the input's two counters as the one position they give (a
-    resume folds the batches read into the examples before)."""
     reader = tf.train.load_checkpoint(str(train_dir / f"model.ckpt-{step}"))
-    found = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-             if not name.startswith("_")}
-    found["input position"] = (found.pop("global_batches/examples_before")
-                               + found.pop("global_batches/batches_read")
-                               * found["global_batches/global_batch_size"])
-    return found
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith("_")}
 
 
 def test_a_restarted_job_ends_bit_identical_to_an_uninterrupted_one(processes, tmp_path):

@@ -57,14 +57,8 @@ def saved_values(train_dir, step):
     """{name: value as float64} of every variable of the checkpoint at `step`."""
     reader = tf.compat.v1.train.NewCheckpointReader(
         os.path.join(str(train_dir), f"model.ckpt-{step}"))
-    values = {name: np.asarray(reader.get_tensor(name), np.float64)
-              for name in sorted(reader.get_variable_to_shape_map())}
-    if "global_batches/batches_read" in values:
-        # The input's position: its two counters are rebased at each resume.
-        values["input position"] = (values.pop("global_batches/examples_before")
-                                    + values.pop("global_batches/batches_read")
-                                    * values["global_batches/global_batch_size"])
-    return values
+    return {name: np.asarray(reader.get_tensor(name), np.float64)
+            for name in sorted(reader.get_variable_to_shape_map())}
 
 
 def largest_gap(processes, tmp_path, before, after, kind="global", **model):

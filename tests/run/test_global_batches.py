@@ -235,3 +235,17 @@ def test_train_graph_initialize_starts_the_input_at_the_saved_position(tmp_path)
                     read.append(session.run([train.train_op, labels])[1].tolist())
                 saver.save(session, prefix)
     assert read == expected
+
+
+def test_a_resumed_run_saves_the_numbers_an_uninterrupted_one_does(tmp_path):
+    def saved(prefix):
+        reader = tf.compat.v1.train.NewCheckpointReader(prefix)
+        return {name: int(reader.get_tensor(name))
+                for name in reader.get_variable_to_shape_map()}
+
+    whole, first, second = (str(tmp_path / name) for name in ("whole", "first", "second"))
+    _labels_read(5, save=whole)
+    _labels_read(3, save=first)
+    _labels_read(2, restore=first, save=second)
+    assert saved(second) == saved(whole)
+    assert saved(whole)["global_batches/batches_read"] == 5

@@ -17,11 +17,12 @@ workers, towers or accumulation micro-batches, and a run resumed on another
 topology trains on the same global batches as one that never stopped.
 
 The saved state is four int64 variables under `name/` in every checkpoint:
-the seed, the global batch size, the examples read before the current run
-of batches and the batches read since. A batch counts when the step reads
-it (a float16 step skipped for overflow still read its batch, as in an
-uninterrupted run). The position of the next batch is
-`examples_before + batches_read * global_batch_size`.
+the seed, the global batch size, the examples read before the global batch
+last changed (0 unless allow_new_global_batch resumed another size) and the
+batches read since. A batch counts when the step reads it (a float16 step
+skipped for overflow still read its batch, as in an uninterrupted run). The
+position of the next batch is `examples_before + batches_read *
+global_batch_size`; a resumed run saves the numbers an uninterrupted one does.
 
 The iterator is initializable: its initializer reads that position, so it
 must run after every restore. It is in the TABLE_INITIALIZERS collection,
@@ -215,10 +216,12 @@ def _state_variables(seed, global_batch_size):
 
 
 def _first_position(variables, seed, global_batch_size, allow_new_global_batch, name):
-    """int64 scalar: the position of the next batch, once the state is rebased.
+    """int64 scalar: the position of the next batch to read.
 
-    Rebasing folds the batches read into examples_before and records this
-    run's batch size: it changes no position, so running it twice is harmless.
+    A checkpoint of another global batch (allowed) is rebased: the batches it
+    read fold into examples_before, and the new size is recorded. The same
+    global batch leaves the counters as they are, so a resumed run saves the
+    very numbers an uninterrupted one does.
     """
     checks = [tf.debugging.assert_equal(
         variables["seed"].read_value(), tf.constant(seed, tf.int64), message=(
@@ -233,15 +236,17 @@ def _first_position(variables, seed, global_batch_size, allow_new_global_batch, 
                 f"another global batch than {global_batch_size}. Fix: its global batch, or "
                 "allow_new_global_batch=True (docs/distributed.md)")))
     with tf.control_dependencies(checks):
-        before = (variables["examples_before"].read_value()
-                  + variables["batches_read"].read_value()
-                  * variables["global_batch_size"].read_value())
-    with tf.control_dependencies([before]):  # every read before any write
-        assigns = [variables["examples_before"].assign(before),
-                   variables["batches_read"].assign(0),
+        saved_batch = variables["global_batch_size"].read_value()
+        before = variables["examples_before"].read_value()
+        read = variables["batches_read"].read_value()
+    position = before + read * saved_batch
+    same = tf.equal(saved_batch, global_batch_size)
+    with tf.control_dependencies([position, same]):  # every read before any write
+        assigns = [variables["examples_before"].assign(tf.where(same, before, position)),
+                   variables["batches_read"].assign(tf.where(same, read, tf.zeros_like(read))),
                    variables["global_batch_size"].assign(global_batch_size)]
     with tf.control_dependencies(assigns):
-        return tf.identity(before)
+        return tf.identity(position)
 
 
 def _dataset(arrays, decode, augment, first, seed, global_batch_size, bounds, n):
