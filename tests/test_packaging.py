@@ -73,18 +73,27 @@ def test_a_wheel_builds_with_the_package_and_pyproject_metadata(tmp_path):
     assert b"towerlib-launch = towerlib.launch.command_line:main" in entry_points
 
 
-@pytest.mark.slow  # pip builds in a fresh build environment
+@pytest.mark.slow  # a fresh venv, and pip builds in a fresh build environment
 def test_an_editable_install_imports_the_sources_in_place(tmp_path):
+    """Into a venv of its own: `pip install --prefix` would uninstall the towerlib of the
+    environment running the tests (the same distribution), and every later test that
+    starts a Python would no longer find it."""
     source = _project_copy(tmp_path)
-    prefix = tmp_path / "prefix"
-    _pip("install", "--no-deps", "--prefix", str(prefix), "-e", ".", cwd=source)
-
-    (site_packages,) = prefix.glob("lib/python*/site-packages")
-    found = subprocess.run(  # find_spec locates the package without importing TensorFlow
-        [sys.executable, "-c", "import importlib.util, site, sys; site.addsitedir(sys.argv[1]);"
-         " print(importlib.util.find_spec('towerlib').origin)", str(site_packages)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    installed = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-input", "-q", "-e", "."],
+        cwd=source, capture_output=True, text=True, timeout=300, env=environ)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-3000:]
+    found = subprocess.run(  # `import towerlib` loads no TensorFlow (a lazy public API)
+        [str(python), "-c", "import towerlib; print(towerlib.__file__)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=environ)
     assert found.returncode == 0, found.stderr[-2000:]
     assert pathlib.Path(found.stdout.strip()) == source / "towerlib" / "__init__.py"
-    assert (prefix / "bin" / "towerlib-launch").is_file()
+    assert (venv / "bin" / "towerlib-launch").is_file()
+    # The environment running the tests still imports its own towerlib from anywhere.
+    ours = subprocess.run([sys.executable, "-c", "import towerlib"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, env=environ)
+    assert ours.returncode == 0, ours.stderr[-2000:]
