@@ -252,7 +252,7 @@ def _rate(flags, lr_schedule) -> str:
     """The learning rate and its schedule, for the first log line."""
     text = "learning rate %g (%s)" % (lr_schedule.base_rate, flags.optimizer)
     if lr_schedule.boundaries:
-        text += " with decays x%g at steps %s" % (lr_schedule.decay_factor,
+        text += " with decays x%g after steps %s" % (lr_schedule.decay_factor,
                                                   lr_schedule.boundaries)
     else:
         text += ", constant (no --lr_decay_epochs)"

@@ -49,8 +49,8 @@ def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
     chief_dir = tmp_path / "chief"
     worker1_dir = tmp_path / "worker1"  # to show that worker 1 writes nothing
     # The same flags for every worker. 5000 examples / 16 = 312.5 steps per epoch, so the
-    # decay at epoch 0.0064 is at global step 2 (a schedule counting each worker's batch
-    # of 8 would put it at step 4, after this run).
+    # decay at epoch 0.0032 comes after global step 1, from step 2 on (a schedule counting
+    # each worker's batch of 8 would put it after step 2, from step 3: after this run).
     run_flags = [
         f"--data_dir={data_dir}",
         "--model=resnet8",
@@ -59,7 +59,7 @@ def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
         f"--global_batch_size={GLOBAL_BATCH}",
         "--bn_mode=all_towers",
         "--learning_rate=0.1",
-        "--lr_decay_epochs=0.0064",
+        "--lr_decay_epochs=0.0032",
         "--ema_decay=0.9",
         f"--max_steps={STEPS}",
         "--log_every_n_steps=1",
@@ -101,7 +101,7 @@ def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
             and f"8 examples per step of the global batch {GLOBAL_BATCH} (4 per tower)"
             in log
             and f"from shard {replica + 1} of 2 of the training data (2500 examples)" in log
-            and "decays x0.1 at steps [2]" in log
+            and "decays x0.1 after steps [1]" in log
         ), processes.describe(name)
         assert f"Trained from global step 0 to {STEPS}" in log, processes.describe(name)
 

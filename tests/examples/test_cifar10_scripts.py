@@ -219,7 +219,7 @@ def test_the_first_log_line_states_a_constant_learning_rate(tmp_path, tiny_data)
     assert "none" not in line
     line = planning.describe(job.plan_run(
         _tiny_flags(tmp_path / "b", tiny_data, lr_decay_epochs=[2], train_epochs=3)))
-    assert "learning rate 0.01 (momentum) with decays x0.1 at steps [25];" in line
+    assert "learning rate 0.01 (momentum) with decays x0.1 after steps [25];" in line
 
 
 # --- absl's flag errors, one line and status 2 in every script (slow) --------------
