@@ -81,7 +81,6 @@ def _peak_mb():
 def measure_memory_in_this_process(accumulation_steps):
     """{baseline_mb, peak_mb} of one process training with `accumulation_steps`."""
     import numpy as np
-
     import tensorflow as tf
 
     with tf.Graph().as_default():

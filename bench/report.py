@@ -14,8 +14,7 @@ from typing import Dict, List, Optional
 from bench import configs as configs_lib
 from bench import measure
 from bench.run_results import RunResults
-from bench.targets import (HANDWRITTEN, MIRRORED, SINGLE, TARGETS, TOWERLIB_CIFAR,
-                           TOWERLIB_FIRST)
+from bench.targets import HANDWRITTEN, MIRRORED, SINGLE, TARGETS, TOWERLIB_CIFAR, TOWERLIB_FIRST
 
 CHECK = "met"
 CROSS = "**MISSED**"

@@ -10,7 +10,6 @@ import platform
 
 from bench import measure
 
-
 # --- the machine ---------------------------------------------------------------------------
 
 

@@ -79,8 +79,7 @@ from unittest import mock
 import tensorflow as tf
 
 import towerlib
-from bench.traffic_count import (
-    Traffic, count_traffic, ring_all_gather_bytes, ring_all_reduce_bytes)
+from bench.traffic_count import Traffic, count_traffic, ring_all_gather_bytes, ring_all_reduce_bytes
 from towerlib import cluster as cluster_lib
 from towerlib.step import devices as devices_lib
 

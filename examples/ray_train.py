@@ -24,8 +24,7 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from absl import app
-from absl import flags
+from absl import app, flags
 
 import towerlib
 from towerlib import cluster as cluster_lib
@@ -83,7 +82,7 @@ def train_loop(config):
 
 def fit(config, storage_path):
     """One TensorflowTrainer run of train_loop; returns Ray Train's Result."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig   # after ray.init
+    from ray.train import FailureConfig, RunConfig, ScalingConfig  # after ray.init
     from ray.train.tensorflow import TensorflowTrainer
 
     return TensorflowTrainer(

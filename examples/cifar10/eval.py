@@ -32,8 +32,7 @@ from typing import Callable, List, Optional  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from examples.cifar10 import data, data_source, input_pipeline, models  # noqa: E402
-from examples.cifar10 import run_folder, script_runner  # noqa: E402
+from examples.cifar10 import data, data_source, input_pipeline, models, run_folder, script_runner  # noqa: E402  # noqa: E402
 
 logger = logging.getLogger("cifar10")
 

@@ -35,8 +35,8 @@ from typing import List, Optional  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from examples.cifar10 import data, eval as eval_lib, input_pipeline, models  # noqa: E402
-from examples.cifar10 import run_folder, script_runner  # noqa: E402
+from examples.cifar10 import data, input_pipeline, models, run_folder, script_runner  # noqa: E402  # noqa: E402
+from examples.cifar10 import eval as eval_lib
 
 logger = logging.getLogger("cifar10")
 

@@ -40,9 +40,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from examples.cifar10 import data, eval as eval_lib, export as export_lib  # noqa: E402
-from examples.cifar10 import job, run_folder  # noqa: E402
-from examples.cifar10 import script_runner  # noqa: E402
+from examples.cifar10 import (  # noqa: E402  # noqa: E402
+    data,
+    job,
+    run_folder,
+    script_runner,  # noqa: E402
+)
+from examples.cifar10 import eval as eval_lib
+from examples.cifar10 import export as export_lib
 
 logger = logging.getLogger("cifar10")
 

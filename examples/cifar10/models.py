@@ -25,8 +25,8 @@ from typing import Optional
 import tensorflow as tf
 
 import towerlib
-from towerlib import layers
 from examples.cifar10.train import CifarModel  # the tower function, the lesson's
+from towerlib import layers
 
 __all__ = ["CifarModel", "ConvNet", "MODEL_NAMES", "ResNet", "inference_logits",
            "make_model"]

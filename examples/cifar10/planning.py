@@ -15,8 +15,7 @@ from typing import Any, List, Optional
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import data, data_source, input_pipeline, options, run_folder
-from examples.cifar10 import schedule
+from examples.cifar10 import data, data_source, input_pipeline, options, run_folder, schedule
 
 logger = logging.getLogger("cifar10")
 

@@ -46,8 +46,10 @@ os.environ.setdefault(
 
 import sys  # noqa: E402
 
-from absl import app  # noqa: E402
-from absl import flags  # noqa: E402
+from absl import (
+    app,  # noqa: E402
+    flags,  # noqa: E402
+)
 
 FLAGS = flags.FLAGS
 

@@ -5,9 +5,9 @@ import pytest
 import tensorflow as tf
 
 import towerlib
+from tests import helpers
 from towerlib import layers
 from towerlib.batchnorm.statistics import BatchNormStatistics
-from tests import helpers
 
 MOMENTUM = 0.9
 EPSILON = 1e-3

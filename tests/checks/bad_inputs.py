@@ -49,7 +49,6 @@ import towerlib  # noqa: E402
 from towerlib import cluster as cluster_lib  # noqa: E402
 from towerlib import layers  # noqa: E402
 
-
 # ------------------------------------------------------------------ the cases
 
 @dataclasses.dataclass(frozen=True)

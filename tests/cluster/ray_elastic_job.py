@@ -82,7 +82,7 @@ def _first_time(marker):
 
 def train_loop(config):
     """Ray Train's train_loop_per_worker: one worker of the elastic all-reduce job."""
-    import ray   # in a Ray worker: its node, for the test to take away
+    import ray  # in a Ray worker: its node, for the test to take away
 
     cluster = cluster_lib.resolve_cluster()   # Ray Train's TF_CONFIG, this attempt's count
     server = cluster_lib.start_server(cluster, NUM_TOWERS)

@@ -22,7 +22,6 @@ import pytest
 import tensorflow as tf
 
 from tests.cluster import allreduce_job
-
 from tests.distributed_processes import ProcessGroup, free_ports
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,10 @@ import time
 import pytest
 import tensorflow as tf
 
-from towerlib.run import sessions
+from tests.distributed_processes import free_ports
 from towerlib.cluster import recovery
 from towerlib.cluster.spec import cluster_from_flags
-from tests.distributed_processes import free_ports
+from towerlib.run import sessions
 
 
 def replica_of(ps_ports, task_index=1):

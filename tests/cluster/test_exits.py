@@ -16,8 +16,7 @@ from tests import helpers
 from tests.distributed_processes import free_ports
 from towerlib import cluster as cluster_lib
 from towerlib.cluster import exits
-from towerlib.run import stopping
-from towerlib.run import trainer
+from towerlib.run import stopping, trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tests", "cluster", "own_script.py")

@@ -8,8 +8,8 @@ import functools
 
 import tensorflow as tf
 
-from tests import helpers
 import towerlib
+from tests import helpers
 
 GPUS = ["/device:GPU:0", "/device:GPU:1"]
 

@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from tests.cluster.test_distributed_training import (
-    checkpoint_values, cluster_flags, wait_all_succeed, worker_flags)
+    checkpoint_values,
+    cluster_flags,
+    wait_all_succeed,
+    worker_flags,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6

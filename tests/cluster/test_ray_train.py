@@ -23,11 +23,11 @@ import sys
 import tempfile
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from types import SimpleNamespace
 
 from tests.cluster import ray_job
 
@@ -103,7 +103,7 @@ def ray_cluster(monkeypatch):
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     ray = pytest.importorskip(
         "ray", reason="ray cannot be imported: pip install -e '.[test]' brings ray[train]")
-    from ray._private import ray_constants   # imported by an earlier test: read already
+    from ray._private import ray_constants  # imported by an earlier test: read already
     monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         filter(None, [REPO, os.environ.get("PYTHONPATH")])))

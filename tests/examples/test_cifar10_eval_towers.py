@@ -10,10 +10,9 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
-
-import types
 
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import generate, job, options, quiet_tensorflow

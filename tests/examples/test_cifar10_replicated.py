@@ -15,10 +15,9 @@ import sys
 import pytest
 import tensorflow as tf
 
-from examples.cifar10 import data_source
+from examples.cifar10 import data_source, job, main, options, planning, run_folder
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
-from examples.cifar10 import job, main, options, planning, run_folder
 from tests.examples.test_cifar10_config import check
 from tests.examples.test_cifar10_train import short_run_config
 from towerlib import cluster as cluster_lib

@@ -4,18 +4,19 @@ user error of the train script is one line, exit status 2, nothing half-written.
 
 import errno
 import os
-import socket
-import time
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import tensorflow as tf
 
 import towerlib
-from examples.cifar10 import default_dirs, eval as eval_lib, export as export_lib
-from examples.cifar10 import generate, job, options, run_errors, run_folder
+from examples.cifar10 import default_dirs, generate, job, options, run_errors, run_folder
+from examples.cifar10 import eval as eval_lib
+from examples.cifar10 import export as export_lib
 from towerlib.run import checkpoints
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

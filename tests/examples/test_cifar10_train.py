@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from examples.cifar10 import data, eval as eval_lib, job, main, options, run_folder
+from examples.cifar10 import data, job, main, options, run_folder
+from examples.cifar10 import eval as eval_lib
 from tests import helpers
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -24,9 +24,9 @@ import time
 import pytest
 import yaml
 
-from tests.process_table import session_members
 from tests import helpers
 from tests.distributed_processes import free_ports
+from tests.process_table import session_members
 from towerlib.cluster import exits
 
 pytestmark = pytest.mark.slow   # each starts a job of two or three TensorFlow processes

@@ -14,8 +14,7 @@ import textwrap
 
 import pytest
 
-from examples.cifar10 import command_line, generate, options, quiet_tensorflow
-from examples.cifar10 import script_runner
+from examples.cifar10 import command_line, generate, options, quiet_tensorflow, script_runner
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

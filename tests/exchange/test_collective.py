@@ -7,14 +7,13 @@ import pytest
 import tensorflow as tf
 
 from tests import helpers
-from towerlib.run.hooks import CollectiveFetchCheckHook
 from towerlib.exchange import (
     CollectiveMismatchError,
     CrossTowerReducer,
     PartialFetchError,
     check_fetches,
 )
-
+from towerlib.run.hooks import CollectiveFetchCheckHook
 
 COLLECTIVE_TYPES = ("CollectiveReduce", "CollectiveGather")
 # What a reduction computes must not depend on how the towers exchange it.

@@ -29,11 +29,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repo root
 import tensorflow as tf  # noqa: E402
 
 import towerlib  # noqa: E402
-from towerlib.run import checkpoints  # noqa: E402
-from towerlib.run import durable_files  # noqa: E402
-from towerlib.run import sessions  # noqa: E402
-from towerlib.run.loop_hooks import step_after_update  # noqa: E402
 from tests.fault_scripts import tiny_model  # noqa: E402
+from towerlib.run import (
+    checkpoints,  # noqa: E402
+    durable_files,  # noqa: E402
+    sessions,  # noqa: E402
+)
+from towerlib.run.loop_hooks import step_after_update  # noqa: E402
 
 
 def _die():

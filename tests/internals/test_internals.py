@@ -183,6 +183,7 @@ def test_assert_message_format():
 def test_deprecation_warnings_can_be_silenced_for_one_call(caplog):
     """towerlib.internals.deprecations: TensorFlow's silence() still exists and works."""
     from tensorflow.python.util import deprecation  # pylint: disable=import-outside-toplevel
+
     from towerlib.internals import deprecations  # pylint: disable=import-outside-toplevel
 
     old_api = deprecation.deprecated(None, "Use something else.")(lambda: 1)
@@ -200,6 +201,7 @@ def test_deprecation_warnings_can_be_silenced_for_one_call(caplog):
 def test_a_taken_port_is_recognized_and_named():
     """towerlib.internals.error_texts.is_port_taken: the text of a server that cannot bind."""
     import socket  # pylint: disable=import-outside-toplevel
+
     from towerlib import cluster as cluster_lib  # pylint: disable=import-outside-toplevel
 
     holder = socket.socket()

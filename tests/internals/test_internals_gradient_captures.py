@@ -12,11 +12,11 @@ import threading
 
 import pytest
 import tensorflow as tf
+from tensorflow.python.ops import gradients_util
 
-from towerlib.internals import gradient_captures
 from tests.internals.graph_text import canonical_graph_text
 from tests.internals.tiny_step import build_tiny_step
-from tensorflow.python.ops import gradients_util
+from towerlib.internals import gradient_captures
 
 
 def _broken(detail):

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from tests.launch.tasks import (
-    FAKE_TASK, alive, assert_none_alive, records, wait_until)
+from tests.launch.tasks import FAKE_TASK, alive, assert_none_alive, records, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
+from tests.launch.tasks import assert_none_alive, fake_command, records, wait_until
 from towerlib.launch import ports as ports_lib
 from towerlib.launch.output import Output
 from towerlib.launch.plan import JobPlan, Task
 from towerlib.launch.supervisor import Launcher
-from tests.launch.tasks import assert_none_alive, fake_command, records, wait_until
 
 
 def launch(tmp_path, workers=2, ps=0, flags=(), **options):

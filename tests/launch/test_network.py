@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from tests.launch.tasks import FAKE_TASK, assert_none_alive, records, wait_until
 from towerlib.launch import command_line, network
 from towerlib.launch.plan import JobPlan
-from tests.launch.tasks import FAKE_TASK, assert_none_alive, records, wait_until
 
 
 def test_the_exposure_line_names_every_interface_and_the_way_out():

@@ -12,13 +12,12 @@ import time
 
 import pytest
 
+from tests.launch.tasks import alive, assert_none_alive, fake_command, records, wait_until
 from towerlib.launch import children as children_lib
 from towerlib.launch import reaper
 from towerlib.launch.output import Output
 from towerlib.launch.plan import JobPlan, Task
 from towerlib.launch.supervisor import Launcher
-from tests.launch.tasks import (
-    alive, assert_none_alive, fake_command, records, wait_until)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GONE_SECS = 5.0   # for the kernel and the watchdog to finish killing

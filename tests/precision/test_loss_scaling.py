@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib.run import hooks
 from towerlib.precision import loss_scaling
+from towerlib.run import hooks
 
 
 class _Step:

@@ -1,12 +1,13 @@
 """compute_dtype and loss scaling through build_train_graph and run_training."""
 
 import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import towerlib
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tests import helpers
 from towerlib import layers
 

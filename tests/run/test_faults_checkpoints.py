@@ -14,8 +14,7 @@ import tensorflow as tf
 
 import towerlib
 from tests.fault_scripts import tiny_model
-from towerlib.run import checkpoints
-from towerlib.run import durable_files
+from towerlib.run import checkpoints, durable_files
 
 
 class Model:

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from towerlib.run import checkpoints
-from towerlib.run import durable_files
+from towerlib.run import checkpoints, durable_files
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import signal
 
 import pytest
 
-from towerlib.run import checkpoints
-from towerlib.run import folder_lock
+from towerlib.run import checkpoints, folder_lock
 
 TIMEOUT = 120
 

@@ -8,8 +8,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib.run import data_position
-from towerlib.run import global_batches
+from towerlib.run import data_position, global_batches
 
 N = 10
 IMAGES = np.arange(N * 2, dtype=np.float32).reshape(N, 2)

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 import towerlib
+from tests.fault_scripts import tiny_model
 from towerlib.cluster import exits
 from towerlib.run import checkpoints, durable_files, folder_lock
-from tests.fault_scripts import tiny_model
 
 
 def user_folder(tmp_path):

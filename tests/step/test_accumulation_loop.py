@@ -16,7 +16,6 @@ import towerlib
 from tests import helpers
 from tests.step.test_accumulation import run
 
-
 # After 5 Momentum steps on weights of about 0.3: k = 1 is 1.5e-4 (float16) and 5e-2
 # (bfloat16) from float32; k = 3 is 6.4e-3 and 5e-2, the same as with the unrolled
 # micro-batches before the loop (one SGD step: 2e-5 for both k).

@@ -4,8 +4,8 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib.batchnorm.modes import BatchNormMode
 from tests import helpers
+from towerlib.batchnorm.modes import BatchNormMode
 
 
 def test_members_equal_and_hash_as_their_strings():

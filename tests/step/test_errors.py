@@ -9,7 +9,6 @@ import tensorflow as tf
 import towerlib
 from tests import helpers
 
-
 # The conv+dense model on 2 CPU towers, plain SGD; a test passes what it gets wrong.
 build = functools.partial(
     helpers.build_on_image_batch, num_cpu_towers=2, tower_fn=helpers.conv_dense_model)

@@ -10,9 +10,8 @@ import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib import layers
 from tests import helpers
-
+from towerlib import layers
 
 # build(num_towers, ...): the conv+bn model on that many CPU towers, with momentum.
 build = functools.partial(helpers.build_on_image_batch, optimizer_kind="momentum")
@@ -212,8 +211,8 @@ def test_run_training_bounds_each_step_only_when_sync_uses_collectives(
         tmp_path, monkeypatch, transport, deadlines):
     """run_training turns on the partial-fetch check and a step deadline for
     collectives; graph edges cannot wait for a missing tower and get none."""
-    from towerlib.run import hooks
     from towerlib.exchange import safety
+    from towerlib.run import hooks
 
     seen_configs = []
     original = safety.bounded_session_config

@@ -27,8 +27,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from towerlib.batchnorm import moments
-from towerlib.batchnorm import worker_statistics
+from towerlib.batchnorm import moments, worker_statistics
 from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.batchnorm.statistics import BatchNormStatistics, moving_variance_input
 

@@ -63,6 +63,13 @@ if TYPE_CHECKING:
         start_server,
         tower_devices,
     )
+    from towerlib.cluster.ps_step import (
+        SyncReplicasInitHook,
+        SyncReplicasTowerOptimizer,
+        SyncTrainGraph,
+        build_sync_train_graph,
+        check_bn_mode_for_cluster,
+    )
     from towerlib.cluster.recovery import (
         DEFAULT_PS_RESTART_TIMEOUT_SECS,
         PsUnavailableError,
@@ -89,13 +96,6 @@ if TYPE_CHECKING:
         cluster_from_tf_config,
         parse_host_list,
         resolve_cluster,
-    )
-    from towerlib.cluster.ps_step import (
-        SyncReplicasInitHook,
-        SyncReplicasTowerOptimizer,
-        SyncTrainGraph,
-        build_sync_train_graph,
-        check_bn_mode_for_cluster,
     )
     from towerlib.exchange.safety import PeerTimeoutError
 

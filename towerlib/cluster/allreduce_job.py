@@ -41,15 +41,10 @@ from typing import Any, Tuple
 import numpy as np
 import tensorflow as tf
 
-from towerlib.cluster import agreement
-from towerlib.cluster import placement
-from towerlib.cluster import recovery
-from towerlib.cluster import replica_watch
+from towerlib.cluster import agreement, placement, recovery, replica_watch
 from towerlib.cluster.spec import ClusterInfo
 from towerlib.internals import collective_ops
-from towerlib.run import checkpoints
-from towerlib.run import data_position
-from towerlib.run import global_batches
+from towerlib.run import checkpoints, data_position, global_batches
 from towerlib.run import trainer as trainer_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.step.build import build_train_graph

@@ -6,9 +6,9 @@ replica's own task, whose towers are its local devices under its task prefix.
 
 import tensorflow as tf
 
+from towerlib.cluster.spec import PS_JOB, check_cluster
 from towerlib.internals import error_texts
 from towerlib.step import devices as devices_lib
-from towerlib.cluster.spec import PS_JOB, check_cluster
 
 
 class AddressError(RuntimeError):

@@ -31,17 +31,16 @@ from typing import Any, Tuple
 import tensorflow as tf
 
 from towerlib.batchnorm.modes import resolve_bn_mode
+from towerlib.cluster import allreduce_job, placement
+from towerlib.cluster.spec import ClusterInfo, check_cluster
+from towerlib.internals import deprecations
+from towerlib.internals import sync_replicas as sync_internals
+from towerlib.run import global_batches
 from towerlib.step.build import build_train_graph
 from towerlib.step.options import STEP_OPTIONS, check_ema_decay
 from towerlib.step.train_graph import TrainGraph
 from towerlib.update.choice import resolve_update
 from towerlib.update.parameter_server import ParameterServer
-from towerlib.cluster import allreduce_job
-from towerlib.cluster import placement
-from towerlib.cluster.spec import ClusterInfo, check_cluster
-from towerlib.internals import deprecations
-from towerlib.internals import sync_replicas as sync_internals
-from towerlib.run import global_batches
 
 
 class SyncReplicasTowerOptimizer(tf.compat.v1.train.SyncReplicasOptimizer):

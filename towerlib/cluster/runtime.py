@@ -11,13 +11,11 @@ import time
 
 import tensorflow as tf
 
-from towerlib.exchange.safety import PeerTimeoutError
-from towerlib.run import trainer as trainer_lib
-from towerlib.cluster import allreduce_job
-from towerlib.cluster import recovery
-from towerlib.cluster import replica_watch
+from towerlib.cluster import allreduce_job, recovery, replica_watch
 from towerlib.cluster.placement import start_server
 from towerlib.cluster.spec import PS_JOB, check_cluster
+from towerlib.exchange.safety import PeerTimeoutError
+from towerlib.run import trainer as trainer_lib
 
 logger = logging.getLogger("towerlib")
 

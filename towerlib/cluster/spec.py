@@ -10,17 +10,17 @@ Library code reads no flags: scripts pass flag values to `resolve_cluster`, whic
 falls back to the TF_CONFIG environment variable, then to Slurm's.
 """
 
-import numbers
 import dataclasses
 import json
+import numbers
 import os
 import re
 from typing import Dict, Tuple
 
 import tensorflow as tf
 
-from towerlib.exchange.group import WorkerGroup
 from towerlib.cluster import slurm
+from towerlib.exchange.group import WorkerGroup
 
 PS_JOB = "ps"
 WORKER_JOB = "worker"

@@ -22,15 +22,25 @@ wait for a tower that is not run; for collectives, the build-time pairing and
 the run-time guards in safety.py keep a mistake from becoming a silent hang.
 """
 
-from towerlib.exchange.choice import (EXCHANGE_NAMES, CollectiveExchange, ExchangeChoice,
-                                      GraphExchange, resolve_exchange)
+from towerlib.exchange.choice import (
+                                      EXCHANGE_NAMES,
+                                      CollectiveExchange,
+                                      ExchangeChoice,
+                                      GraphExchange,
+                                      resolve_exchange,
+)
 from towerlib.exchange.group import WorkerGroup
 from towerlib.exchange.ledger import CollectiveMismatchError
 from towerlib.exchange.reducer import TRANSPORTS, CrossTowerReducer
-from towerlib.exchange.safety import (DEFAULT_TIMEOUT_SECONDS, CollectiveTimeoutError,
-                                      PartialFetchError, bounded_session_config,
-                                      check_fetches, explain_collective_errors,
-                                      has_towerlib_collectives)
+from towerlib.exchange.safety import (
+                                      DEFAULT_TIMEOUT_SECONDS,
+                                      CollectiveTimeoutError,
+                                      PartialFetchError,
+                                      bounded_session_config,
+                                      check_fetches,
+                                      explain_collective_errors,
+                                      has_towerlib_collectives,
+)
 
 __all__ = [
     "CollectiveExchange", "EXCHANGE_NAMES", "ExchangeChoice", "GraphExchange",

@@ -10,8 +10,8 @@ one tower. Left as None, the exchange is collectives (NCCL) when every tower
 is a GPU and graph edges otherwise. 'graph' and 'collective' are shorthands.
 """
 
-import numbers
 import dataclasses
+import numbers
 from typing import Optional
 
 from towerlib.exchange import transport_rules

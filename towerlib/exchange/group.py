@@ -15,8 +15,8 @@ whole job, whose values a broadcast sends and whose shard `bn_mode=
 'first_tower'` takes its statistics from.
 """
 
-import numbers
 import dataclasses
+import numbers
 
 __all__ = ["ONE_WORKER", "WorkerGroup"]
 

@@ -34,7 +34,14 @@ from typing import List, Optional, Sequence
 
 import tensorflow as tf
 
-from towerlib.exchange import collective_transport, graph_hub, keys, ledger, packing, transport_rules
+from towerlib.exchange import (
+    collective_transport,
+    graph_hub,
+    keys,
+    ledger,
+    packing,
+    transport_rules,
+)
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.exchange.transport_rules import TRANSPORTS
 from towerlib.internals import function_graphs

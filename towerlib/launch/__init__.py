@@ -35,25 +35,24 @@ lines, `statuses` what an exit status means, `supervisor` the attempts.
 
 from towerlib.launch.children import Child, signal_child, start_child, stop_children
 from towerlib.launch.command_line import main, parse_args
-from towerlib.launch.network import (PrivateNetworkError, enter_private_network,
-                                     exposure_note)
+from towerlib.launch.network import PrivateNetworkError, enter_private_network, exposure_note
 from towerlib.launch.output import Output
 from towerlib.launch.plan import JobPlan, Task, parse_task_list, tf_config
 from towerlib.launch.ports import (
-    REUSE_PORT_VARIABLE,
-    HeldPorts,
-    PortTakenError,
-    check_free,
-    hold_free_ports,
-)
-from towerlib.launch.statuses import (
-    HOST_LOST,
-    describe_status,
-    is_address_error,
-    is_restartable,
-    shell_status,
+                                     REUSE_PORT_VARIABLE,
+                                     HeldPorts,
+                                     PortTakenError,
+                                     check_free,
+                                     hold_free_ports,
 )
 from towerlib.launch.reaper import Watchdog, kill_session, session_members
+from towerlib.launch.statuses import (
+                                     HOST_LOST,
+                                     describe_status,
+                                     is_address_error,
+                                     is_restartable,
+                                     shell_status,
+)
 from towerlib.launch.supervisor import RESTART_VARIABLE, Failure, JobResult, Launcher
 
 __all__ = [

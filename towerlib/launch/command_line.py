@@ -23,11 +23,10 @@ import math
 import signal
 import sys
 
-from towerlib.launch import network
+from towerlib.launch import network, statuses, supervisor
 from towerlib.launch import output as output_lib
 from towerlib.launch import plan as plan_lib
 from towerlib.launch import ports as ports_lib
-from towerlib.launch import statuses, supervisor
 
 __all__ = ["main", "parse_args"]
 

@@ -10,8 +10,14 @@ The package, one job per module:
   loss_scaling.py  float16's loss scale: scale, unscale, skip an overflowing step
 """
 
-from towerlib.precision.choice import (PRECISION_NAMES, BFloat16, Float16, Float32,
-                                       Precision, resolve_precision)
+from towerlib.precision.choice import (
+                                       PRECISION_NAMES,
+                                       BFloat16,
+                                       Float16,
+                                       Float32,
+                                       Precision,
+                                       resolve_precision,
+)
 
 __all__ = ["BFloat16", "Float16", "Float32", "PRECISION_NAMES", "Precision",
            "resolve_precision"]

@@ -11,16 +11,14 @@ the compute dtype. The names 'float32', 'bfloat16' and 'float16' (or their
 tf.DType) are shorthands for the defaults.
 """
 
-import numbers
 import dataclasses
 import math
+import numbers
 from typing import Union
 
 import tensorflow as tf
 
-from towerlib.precision import casting
-from towerlib.precision import loss_scaling
-from towerlib.precision import guards
+from towerlib.precision import casting, guards, loss_scaling
 
 __all__ = ["BFloat16", "Float16", "Float32", "Precision", "PRECISION_NAMES",
            "resolve_precision"]

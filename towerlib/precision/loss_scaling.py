@@ -70,8 +70,8 @@ session.run, so the objective and the unscaling always use the same S, and S
 is assigned only after the branch has run.
 """
 
-import numbers
 import math
+import numbers
 
 import tensorflow as tf
 

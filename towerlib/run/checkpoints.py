@@ -51,14 +51,22 @@ import re
 
 import tensorflow as tf
 
-from towerlib.run import durable_files
-from towerlib.run import folder_lock
-from towerlib.run.checkpoint_state import (DEFAULT_BASENAME, SAVING_DIRNAME, STATE_FILENAME,
-                                       CheckpointError, checkpoint_files, checkpoint_problem,
-                                       checkpoint_step, data_shard_prefix,
-                                       delete_checkpoint, read_state, scan_prefixes,
-                                       write_state)
 from towerlib.internals import checkpoint_files as tf_checkpoint_files
+from towerlib.run import durable_files, folder_lock
+from towerlib.run.checkpoint_state import (
+    DEFAULT_BASENAME,
+    SAVING_DIRNAME,
+    STATE_FILENAME,
+    CheckpointError,
+    checkpoint_files,
+    checkpoint_problem,
+    checkpoint_step,
+    data_shard_prefix,
+    delete_checkpoint,
+    read_state,
+    scan_prefixes,
+    write_state,
+)
 
 logger = logging.getLogger("towerlib")
 

@@ -34,8 +34,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from towerlib.run import checkpoints
-from towerlib.run import moving_statistics
+from towerlib.run import checkpoints, moving_statistics
 
 logger = logging.getLogger("towerlib")
 

@@ -26,8 +26,8 @@ try:
 except ImportError:  # not POSIX
     fcntl = None
 
-from towerlib.run.checkpoint_state import SAVING_DIRNAME, STATE_FILENAME, CheckpointError
 from towerlib.run import durable_files
+from towerlib.run.checkpoint_state import SAVING_DIRNAME, STATE_FILENAME, CheckpointError
 
 LOCK_FILENAME = ".towerlib-lock"
 # The entries of a run folder that towerlib writes, replaces or deletes by name.

@@ -19,10 +19,10 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from towerlib.run import checkpoints
-from towerlib.precision import loss_scaling
 from towerlib.exchange import safety
+from towerlib.precision import loss_scaling
 from towerlib.precision.guards import NonFiniteError
+from towerlib.run import checkpoints
 
 logger = logging.getLogger("towerlib")
 

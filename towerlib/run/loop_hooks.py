@@ -12,10 +12,8 @@ import tensorflow as tf
 
 from towerlib import trace
 from towerlib.exchange import safety as exchange_safety
-from towerlib.run import evaluation_loop
+from towerlib.run import evaluation_loop, moving_statistics, stopping
 from towerlib.run import hooks as hooks_lib
-from towerlib.run import moving_statistics
-from towerlib.run import stopping
 
 
 def step_after_update(train_graph):

@@ -17,8 +17,7 @@ import time
 
 import tensorflow as tf
 
-from towerlib.run import checkpoint_fit
-from towerlib.run import checkpoints
+from towerlib.run import checkpoint_fit, checkpoints
 
 logger = logging.getLogger("towerlib")
 

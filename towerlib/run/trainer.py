@@ -20,21 +20,20 @@ import logging
 
 import tensorflow as tf
 
-from towerlib.run import checkpoint_fit
-from towerlib.run import checkpoints
-from towerlib.run import data_position
-from towerlib.run import evaluation_loop
-from towerlib.run import folder_lock
-from towerlib.run import global_batches
-from towerlib.precision import guards
-from towerlib.run import loop_hooks
-from towerlib.run import sessions
-from towerlib.run import stopping
-from towerlib.checks import data_checks
-from towerlib.checks import loop_options
-from towerlib.checks import run_time
-from towerlib.checks import validation
+from towerlib.checks import data_checks, loop_options, run_time, validation
 from towerlib.exchange import safety as exchange_safety
+from towerlib.precision import guards
+from towerlib.run import (
+    checkpoint_fit,
+    checkpoints,
+    data_position,
+    evaluation_loop,
+    folder_lock,
+    global_batches,
+    loop_hooks,
+    sessions,
+    stopping,
+)
 from towerlib.step import devices as devices_lib
 
 logger = logging.getLogger("towerlib")

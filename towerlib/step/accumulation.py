@@ -28,8 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from towerlib.checks import run_time
-from towerlib.checks import tower_batch
+from towerlib.checks import run_time, tower_batch
 from towerlib.step import inputs as inputs_lib
 from towerlib.step.context import TowerContext
 

@@ -16,13 +16,10 @@ import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
 from towerlib.checks import compute_dtypes
-from towerlib.precision import casting
-from towerlib.precision import guards
-from towerlib.step import accumulation
-from towerlib.step import across_workers
+from towerlib.precision import casting, guards
+from towerlib.step import accumulation, across_workers, micro_loop
 from towerlib.step import apply as apply_step
 from towerlib.step import devices as devices_lib
-from towerlib.step import micro_loop
 from towerlib.step import options as options_lib
 from towerlib.step import summaries as summaries_lib
 from towerlib.step import towers as towers_lib

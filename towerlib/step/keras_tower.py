@@ -55,9 +55,7 @@ import tensorflow as tf
 from towerlib.batchnorm import keras_layers
 from towerlib.internals import error_texts, function_graphs, tf_keras
 from towerlib.precision import casting
-from towerlib.step import keras_export
-from towerlib.step import keras_weights
-from towerlib.step import loss_terms
+from towerlib.step import keras_export, keras_weights, loss_terms
 from towerlib.step.keras_objective import KerasObjective
 from towerlib.step.keras_weights import KerasTowerError
 from towerlib.step.towers import TowerModel

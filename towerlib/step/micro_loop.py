@@ -50,8 +50,7 @@ from typing import Any, Callable, List
 
 import tensorflow as tf
 
-from towerlib.internals import (device_scopes, function_graphs, function_reentry,
-                                gradient_captures)
+from towerlib.internals import device_scopes, function_graphs, function_reentry, gradient_captures
 from towerlib.step.context import TowerRecords
 from towerlib.step.micro_state import StepState
 

@@ -28,9 +28,9 @@ from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.step import towers as towers_lib
-from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
 from towerlib.update.base import UpdateChoice
 from towerlib.update.choice import resolve_update
+from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
 
 __all__ = ["OPTION_CHECKS", "STEP_OPTIONS", "StepOptions", "check_ema_decay", "check_exchange_applies",
            "check_optimizer", "check_workers_apply", "resolve_step_options",

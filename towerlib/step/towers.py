@@ -14,13 +14,12 @@ from typing import Any, Dict, List, Optional
 import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
+from towerlib.checks import tower_batch, tower_isolation
+from towerlib.internals import error_texts
 from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
-from towerlib.checks import tower_batch
-from towerlib.checks import tower_isolation
-from towerlib.update import copies as variable_copies
 from towerlib.step.context import TowerContext, TowerRecords, check_bn_mode
-from towerlib.internals import error_texts
+from towerlib.update import copies as variable_copies
 
 
 class TowerModel:

@@ -27,9 +27,7 @@ import dataclasses
 import types
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from towerlib.trace import intervals
-from towerlib.trace import lanes
-from towerlib.trace import phases
+from towerlib.trace import intervals, lanes, phases
 
 __all__ = ["DeviceProfile", "StepOp", "StepProfile", "TowerProfile", "analyze_step"]
 

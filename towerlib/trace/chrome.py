@@ -27,10 +27,7 @@ row free when it starts.
 import json
 from typing import Dict, List, Optional, Sequence
 
-from towerlib.trace import analysis
-from towerlib.trace import atomic
-from towerlib.trace import lanes
-from towerlib.trace import phases
+from towerlib.trace import analysis, atomic, lanes, phases
 
 __all__ = ["chrome_trace", "write_chrome_trace"]
 

@@ -39,9 +39,7 @@ from typing import Dict, Iterable, Optional, Sequence
 
 import tensorflow as tf
 
-from towerlib.trace import analysis
-from towerlib.trace import chrome
-from towerlib.trace import picture
+from towerlib.trace import analysis, chrome, picture
 
 __all__ = ["TraceHook"]
 

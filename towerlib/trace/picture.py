@@ -19,10 +19,7 @@ import logging
 import textwrap
 from typing import Optional
 
-from towerlib.trace import analysis
-from towerlib.trace import atomic
-from towerlib.trace import intervals
-from towerlib.trace import phases
+from towerlib.trace import analysis, atomic, intervals, phases
 
 __all__ = ["PHASE_COLOURS", "write_step_picture"]
 

@@ -19,9 +19,9 @@ in that type (half the bytes, sums rounded to it), cast back to float32
 before the update, whatever the compute dtype (Horovod's fp16 compression).
 """
 
-import numbers
 import dataclasses
 import logging
+import numbers
 from typing import Optional
 
 import tensorflow as tf
