@@ -118,6 +118,9 @@ def test_status_words():
      "--workers 1:2 with --max_restarts 0: a job resized after a lost host is restarted"),
     (["--workers", "1", "--max_restarts", "-1", "--", "python"], "--max_restarts -1"),
     (["--workers", "1", "--hosts", "a,b", "--", "python"], "--hosts and --host_index go"),
+    # Both flags given, the list empty: it said the two flags "go together".
+    (["--workers", "1", "--hosts", ",,", "--host_index", "0", "--", "python"],
+     "--hosts ',,' names no host"),
     (["--workers", "1", "--tasks", "ps:0", "--", "python"], "'ps:0' is not a task"),
     # A grace of nan compares False with everything: it SIGKILLed every task at once.
     (["--workers", "1", "--stop_grace_secs", "nan", "--", "python"],

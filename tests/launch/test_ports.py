@@ -55,8 +55,10 @@ def test_check_free_names_a_taken_fixed_port():
     port = taken.getsockname()[1]
     try:
         with pytest.raises(ports.PortTakenError, match=f"port {port} \\(--port_base\\) is "
-                                                       "taken on this host.*Fix: stop"):
+                                                       "taken on this host.*Fix: stop") as taken_error:
             ports.check_free([port], "--port_base")
+        assert str(taken_error.value).startswith("port ")  # no stray '[Errno 98]'
+        assert taken_error.value.errno == errno.EADDRINUSE
     finally:
         taken.close()
     ports.check_free([port], "--port_base")

@@ -305,3 +305,10 @@ def test_a_fixed_loss_scale_below_1_is_refused(scale):
     with pytest.raises(ValueError, match=r"finite number >= 1 .* the weights stop moving"):
         towerlib.Float16(loss_scale=scale)
     assert towerlib.Float16(loss_scale=1).loss_scale == 1.0
+
+
+def test_a_loss_scale_given_as_an_array_is_named_in_one_line():
+    """An array compared with 'dynamic' raised NumPy's 'truth value ... is ambiguous'."""
+    with pytest.raises(ValueError, match=r"Float16\(loss_scale=array\(\[1024.,\s+2.\]\)\): "
+                                         r"the loss scale must be"):
+        towerlib.Float16(loss_scale=np.array([1024.0, 2.0]))

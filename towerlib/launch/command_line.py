@@ -131,6 +131,9 @@ def parse_args(argv):
             raise UsageError(f"--{name} {value}: a number of seconds > 0 (and finite: "
                              "every wait of the launcher has a bound).")
     hosts = tuple(host.strip() for host in options.hosts.split(",") if host.strip())
+    if options.hosts.strip() and not hosts:
+        raise UsageError(f"--hosts {options.hosts!r} names no host. Fix: the hosts, "
+                         "comma-separated, e.g. --hosts node1,node2.")
     if bool(hosts) != (options.host_index is not None):
         raise UsageError("--hosts and --host_index go together: the host list, the "
                          "same on every host, and this host's index in it.")

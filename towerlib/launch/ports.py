@@ -24,7 +24,14 @@ REUSE_PORT_VARIABLE = "TF_GRPC_REUSE_PORT"
 
 
 class PortTakenError(OSError):
-    """A port the launcher was told to use is held by another process."""
+    """A port the launcher was told to use is held by another process.
+
+    Its text is the message alone: OSError's would start '[Errno 98] ', a stray
+    code before the launcher's one line (the errno stays in `.errno`).
+    """
+
+    def __str__(self):
+        return self.strerror or super().__str__()
 
 
 def _bound_socket(port):

@@ -73,7 +73,8 @@ class Float16(Precision):
 
     def __post_init__(self):
         scale = self.loss_scale
-        if scale == "dynamic" or isinstance(scale, loss_scaling.LossScale):
+        if (isinstance(scale, str) and scale == "dynamic") \
+                or isinstance(scale, loss_scaling.LossScale):
             return
         if isinstance(scale, bool) or not isinstance(scale, numbers.Real) \
                 or not math.isfinite(scale) or scale < 1:
