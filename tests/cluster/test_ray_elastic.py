@@ -41,7 +41,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import towerlib
 from tests.cluster import ray_elastic_job
 from tests.cluster.test_ray_train import descendants, still_alive
 
@@ -197,11 +196,9 @@ def final_values(train_dir):
             if dtype not in (tf.string, tf.variant) and not name.startswith("global_batches")}
 
 
-@pytest.mark.parametrize("job_input", ["step_rows", "global_batch"])
 def test_a_lost_node_shrinks_the_ray_train_job_and_a_new_node_grows_it_back(
-        ray_nodes, tmp_path, job_input):
-    if job_input == "global_batch" and not hasattr(towerlib, "global_batch_input"):
-        pytest.skip("towerlib.global_batch_input is not in this tree yet")
+        ray_nodes, tmp_path):
+    job_input = "global_batch"  # towerlib.global_batch_input: the topology-free input
     began = time.monotonic()
     fixed, thread, outcome = fit(tmp_path, "fixed", 2, job_input, kill_rank=1,
                                  kill_at_step=LOSE_AT_STEP,
