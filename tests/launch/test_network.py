@@ -33,6 +33,8 @@ def test_a_system_without_namespaces_is_said_in_one_line(monkeypatch, capsys):
         raise OSError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(network, "_unshare", refused)
+    # Under pytest-xdist this process runs threads of its own; the launcher does not.
+    monkeypatch.setattr(network.threading, "active_count", lambda: 1)
     with pytest.raises(SystemExit) as exited:
         command_line.main(["--workers", "1", "--private_network", "--", "true"])
     assert exited.value.code == 2
