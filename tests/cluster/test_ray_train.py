@@ -30,6 +30,7 @@ import pytest
 import tensorflow as tf
 
 from tests.cluster import ray_job
+from tests.process_table import descendants
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::DeprecationWarning:ray\\.")]
@@ -38,30 +39,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIT_BUDGET_SECS = 120       # one trainer.fit(), the restart included (about 35 s)
 SHUTDOWN_BUDGET_SECS = 20
 KILL_AT_STEP = 10
-
-
-def descendants(root=None):
-    """{pid: start time} of every living process under `root` (default: this one)."""
-    root = os.getpid() if root is None else root
-    children, start = {}, {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] == "Z":
-            continue
-        children.setdefault(int(fields[1]), []).append(int(name))
-        start[int(name)] = fields[19]
-    found, queue = {}, list(children.get(root, ()))
-    while queue:
-        pid = queue.pop()
-        found[pid] = start[pid]
-        queue.extend(children.get(pid, ()))
-    return found
 
 
 def command_name(pid):

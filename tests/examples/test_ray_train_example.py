@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tests import helpers
+from tests.process_table import session_members
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ray_train.py"
@@ -46,22 +47,6 @@ def test_the_docs_ray_snippet_is_the_example_file_s_text():
     assert "def train_loop(config):" in shown and "TensorflowTrainer(" in shown
 
 
-def _session_members(session_id):
-    """The pids of the living processes of session `session_id`."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == session_id:
-            members.append(int(name))
-    return members
-
-
 @pytest.mark.slow  # a Ray cluster and two Ray Train workers
 def test_the_ray_train_example_runs_on_loopback(tmp_path):
     pytest.importorskip(
@@ -86,9 +71,9 @@ def test_the_ray_train_example_runs_on_loopback(tmp_path):
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         deadline = time.monotonic() + 20   # Ray's processes end after ray.shutdown()
-        while _session_members(process.pid) and time.monotonic() < deadline:
+        while session_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.25)
-        left = _session_members(process.pid)
+        left = session_members(process.pid)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(ray_temp, ignore_errors=True)
