@@ -13,7 +13,7 @@ v <- momentum * v + rate * trust * (g + wd * w); w <- w - v.
 LAMB (You et al. 2019): Adam's bias-corrected moments m, v;
 r = m_hat / (sqrt(v_hat) + epsilon) + wd * w; w <- w - rate * (||w|| / ||r||) * r.
 When a norm is 0 the trust is 1, eta included: LARS takes trust 1 unless
-||w|| > 0 and ||g|| > 0 (as tf.contrib's LARSOptimizer and apex's LARC do, so a
+||w|| > 0 and ||g|| > 0 (as TensorFlow 1's contrib LARSOptimizer and apex's LARC do, so a
 zero-initialized matrix's first step is plain momentum SGD, not eta times it),
 LAMB unless ||w|| > 0 and ||r|| > 0. Variables `excluded` (by default
 those of rank <= 1: biases, batch-norm gamma and beta) take neither the
@@ -77,7 +77,7 @@ class LARSOptimizer(_TrustRatioOptimizer):
     """LARS with momentum (see the module docstring).
 
     The trust ratio is eta * ||w|| / (||g|| + wd * ||w||) when ||w|| > 0 and
-    ||g|| > 0, and 1 otherwise (tf.contrib's and apex's convention).
+    ||g|| > 0, and 1 otherwise (TF 1 contrib's and apex's convention).
 
     Args:
       learning_rate: a finite float > 0 or a float tensor (a towerlib.schedules
