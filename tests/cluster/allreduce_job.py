@@ -94,6 +94,7 @@ def main():
     parser.add_argument("--accumulation_steps", type=int, default=1)
     parser.add_argument("--model", choices=["towerlib", "keras"], default="towerlib")
     parser.add_argument("--clip_norm", type=float, default=0.0)
+    parser.add_argument("--batch_sizes", choices=["static", "dynamic"], default="static")
     parser.add_argument("--init", required=True)
     parser.add_argument("--out", required=True)
     run(parser.parse_args())
@@ -128,6 +129,8 @@ def run(args):
             # Micro-batch j of a tower: its rows split in k, the first ones longer.
             bounds = np.linspace(start, end, k + 1).round().astype(int)
             rows = tf.range(bounds[ctx.micro_batch], bounds[ctx.micro_batch + 1])
+            if getattr(args, "batch_sizes", "static") == "dynamic":  # known when run
+                rows = tf.compat.v1.placeholder_with_default(rows, [None])
             return (tf.gather(tf.gather(tf.constant(images), step_index), rows),
                     tf.gather(tf.gather(tf.constant(labels), step_index), rows))
 

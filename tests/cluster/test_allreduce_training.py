@@ -58,26 +58,31 @@ CASES = [
     (2, 2, "all_towers", "adam", 2, "keras"),
     # Clipped by the global norm of the gradient all-reduced over both workers.
     (2, 2, "sync", "momentum", 1, "clip"),
+    # Batch sizes known only when the step runs: the examples are counted every step
+    # (static ones are counted once, at start).
+    (2, 2, "sync", "momentum", 1, "dynamic"),
 ]
 # The weights each model names, and the first one's prefix (its slots are under it).
 WEIGHTS = {"towerlib": ({"w1", "w2"}, "w1/"), "keras": ({"w1/kernel", "w2/kernel"}, "w1/kernel/"),
-           "clip": ({"w1", "w2"}, "w1/")}
+           "clip": ({"w1", "w2"}, "w1/"), "dynamic": ({"w1", "w2"}, "w1/")}
 CLIP_NORM = 0.1  # below the job's gradient norms (about 0.3-0.6)
 
 
 def model_flags(model):
-    """The job's --model and --clip_norm for a case's model column."""
+    """The job's --model, --clip_norm and --batch_sizes for a case's model column."""
     if model == "clip":
-        return "towerlib", CLIP_NORM
-    return model, 0.0
+        return "towerlib", CLIP_NORM, "static"
+    if model == "dynamic":
+        return "towerlib", 0.0, "dynamic"
+    return model, 0.0, "static"
 
 
 @pytest.mark.parametrize("workers, towers, bn_mode, optimizer, steps, model", CASES)
 def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, workers, towers,
                                                      bn_mode, optimizer, steps, model):
-    job_model, clip_norm = model_flags(model)
+    job_model, clip_norm, batch_sizes = model_flags(model)
     common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", f"--model={job_model}",
-              f"--clip_norm={clip_norm}",
+              f"--clip_norm={clip_norm}", f"--batch_sizes={batch_sizes}",
               f"--accumulation_steps={steps}", f"--init={tmp_path / 'init.npz'}"]
     ports = ",".join(str(p) for p in free_ports(workers))
     for task in range(workers):
@@ -145,7 +150,7 @@ def test_a_schedulers_environment_is_the_cluster(processes, tmp_path, scheduler)
 def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, optimizer,
                               steps, model):
     """Runs the references here while the workers train; compares every copy."""
-    job_model, clip_norm = model_flags(model)
+    job_model, clip_norm, batch_sizes = model_flags(model)
     processes.wait_for(lambda: os.path.exists(tmp_path / "init.npz"),
                        "initial values from the chief", 90, watched="worker0")
     references = {"reference": workers * towers}
@@ -157,7 +162,7 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
             allreduce_job.run(argparse.Namespace(
                 role=role, task=0, workers=1, towers=count, ports="", bn_mode=bn_mode,
                 optimizer=optimizer, accumulation_steps=steps, model=job_model,
-                clip_norm=clip_norm,
+                clip_norm=clip_norm, batch_sizes=batch_sizes,
                 init=str(tmp_path / "init.npz"), out=str(tmp_path / f"{role}.npz")))
     for name in [f"worker{t}" for t in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)

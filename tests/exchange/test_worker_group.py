@@ -5,13 +5,17 @@ built graph: one collective group over every worker's towers, the rules that
 refuse what cannot span workers, and the resume-step choice.
 """
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import towerlib
+from towerlib.cluster import agreement
 from towerlib.cluster.allreduce_job import choose_resume_step
 from towerlib.exchange import safety
+from towerlib.exchange.reducer import CrossTowerReducer
 from towerlib.internals import collective_ops
+from towerlib.step import across_workers
 
 
 def test_worker_group_maps_local_towers_to_members():
@@ -31,10 +35,11 @@ def model(inputs, ctx):
     return tf.reduce_mean(tf.square(hidden))
 
 
-def build_worker(worker_index, bn_mode="sync", **options):
+def build_worker(worker_index, bn_mode="sync", batch=None, **options):
     devices = [f"/job:worker/replica:0/task:{worker_index}/device:CPU:{i}" for i in range(2)]
     return towerlib.build_train_graph(
-        model, tf.zeros([8, 3]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+        model, tf.zeros([8, 3]) if batch is None else batch,
+        tf.compat.v1.train.GradientDescentOptimizer(0.1),
         devices=devices, bn_mode=bn_mode, update=towerlib.Replicated(),
         workers=towerlib.WorkerGroup(num_workers=2, worker_index=worker_index), **options)
 
@@ -152,3 +157,65 @@ def test_the_broadcast_runs_no_step_on_gpus():
         types = {graph.get_operation_by_name(name).type for name in needed}
         assert "IteratorGetNext" not in types and "MatMul" not in types, sorted(types)
         assert any(name.startswith("broadcast_from_chief") for name in needed)
+
+
+def closure_names(fetch):
+    """The names of every op running `fetch` needs."""
+    needed, stack = set(), [fetch if isinstance(fetch, tf.Operation) else fetch.op]
+    while stack:
+        op = stack.pop()
+        if op.name not in needed:
+            needed.add(op.name)
+            stack.extend(t.op for t in op.inputs)
+            stack.extend(op.control_inputs)
+    return needed
+
+
+def example_count_collectives(names):
+    graph = tf.compat.v1.get_default_graph()
+    return sorted(name for name in names if "examples" in name
+                  and collective_ops.is_collective_op(graph.get_operation_by_name(name)))
+
+
+@pytest.mark.parametrize("accumulation_steps", [1, 2])
+def test_static_batch_sizes_are_counted_once_at_start_not_every_step(accumulation_steps):
+    """The global batch B of n_i / B cannot change when every batch size is static: its
+    exchange runs with the broadcast, and the step reads the total from a variable."""
+    with tf.Graph().as_default():
+        train = build_worker(1, "first_tower", accumulation_steps=accumulation_steps)
+        assert example_count_collectives(closure_names(train.train_op)) == []
+        assert example_count_collectives(closure_names(train.broadcast_op))
+        description = describe(train)
+    with tf.Graph().as_default():
+        batch = tf.compat.v1.placeholder(tf.float32, [None, 3])
+        train = build_worker(1, "first_tower", batch=batch,
+                             accumulation_steps=accumulation_steps)
+        assert example_count_collectives(closure_names(train.train_op))
+        assert example_count_collectives(closure_names(train.broadcast_op)) == []
+        dynamic = describe(train)
+    # Workers that would differ here would wait for each other's collectives: refused.
+    assert agreement.first_difference([description, dynamic]) == (
+        1, "examples per step", dynamic["examples per step"],
+        "static, exchanged once at start")
+
+
+def describe(train):
+    return agreement.describe_step(train, tf.compat.v1.train.GradientDescentOptimizer(0.1), {})
+
+
+def test_a_step_run_before_the_start_op_shows_nan_not_a_wrong_loss():
+    """One worker alone (a group of 1 has nothing to exchange): the fixed total is
+    NaN until the start op sets it, then the worker's own count."""
+    with tf.Graph().as_default():
+        sums = across_workers.WorkerSums(CrossTowerReducer(
+            ["/device:CPU:0"], transport="collective",
+            workers=towerlib.WorkerGroup(num_workers=1, worker_index=0)))
+        [total] = sums.fixed([8.0], "tower_examples")
+        start = sums.start_op()
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.local_variables_initializer())
+            assert np.isnan(session.run(total))
+            session.run(start)
+            assert session.run(total) == 8.0
+        with pytest.raises(TypeError, match="finite Python numbers"):
+            sums.fixed([tf.constant(8.0)], "tower_examples")

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerlib.internals import collective_ops
+from towerlib.step import across_workers
 
 # The startup exchange's collective group: apart from the training graph's.
 _GROUP_KEY = 0x7B0003
@@ -72,6 +73,9 @@ def describe_step(train_graph, optimizer, build_options):
     digest = hashlib.sha256(json.dumps(variables).encode()).hexdigest()[:12]
     items = {"number of towers": str(len(train_graph.devices)),
              "model variables": f"{len(variables)} variables (digest {digest})"}
+    fixed = tf.compat.v1.get_collection(across_workers.FIXED_SUMS)
+    items["examples per step"] = ("static, exchanged once at start" if fixed else
+                                  "read every step (a batch size that is not static)")
     items.update(_optimizer_items(optimizer))
     for name, value in sorted(build_options.items()):
         if name not in ("global_step", "device_function", "learning_rate"):

@@ -94,17 +94,17 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
         accumulation.tower_stacks(inputs, options.accumulation_steps, setting.devices,
                                   options.bn_mode, setting.host)
         if options.accumulation_steps > 1 else (None, None))
-    objective = StepObjective(
-        global_examples, adds_weight_terms=options.workers.is_chief,
-        sum_over_workers=(across_workers.WorkerSums(setting.reducer)
-                          if options.workers.spans_workers else None))
+    worker_sums = (across_workers.WorkerSums(setting.reducer)
+                   if options.workers.spans_workers else None)
+    objective = StepObjective(global_examples, adds_weight_terms=options.workers.is_chief,
+                              sum_over_workers=worker_sums)
     micro_batches = _MicroBatches(
         casting.compute_in(tower_fn, options.precision.compute_dtype), optimizer, setting,
         objective, var_list, check_isolation)
     gradients = _step_gradients(micro_batches, stacks or inputs, setting, optimizer,
                                 objective)
     applied = _apply(optimizer, setting, objective, gradients)
-    train_op, broadcast_op = _join_workers(applied, setting)
+    train_op, broadcast_op = _join_workers(applied, setting, worker_sums)
     scalars = (_add_summaries(gradients.records, objective, applied, learning_rate,
                               setting.loss_scale, setting.host) if summaries else {})
     return TrainGraph(
@@ -264,9 +264,10 @@ def _apply(optimizer, setting, objective, gradients):
     return _Applied(train_op, update_ops, ema, losses, combined, norm)
 
 
-def _join_workers(applied, setting):
+def _join_workers(applied, setting, worker_sums):
     """(train_op, broadcast_op): across workers the global losses run every step, and
-    one op sets every copy to the chief's values at start; else as built, None."""
+    one op sets every copy to the chief's values at start, and the totals of the
+    batch sizes (when static); else as built, None."""
     if not setting.options.workers.spans_workers:
         return applied.train_op, None
     reducer = setting.reducer
@@ -274,8 +275,10 @@ def _join_workers(applied, setting):
     train_op = tf.group(applied.train_op, applied.losses.loss,
                         name="train_op_across_workers")
     reducer.start_separate_run()  # run once at start, never with a step
-    broadcast_op = broadcast.broadcast_from_chief(
-        reducer, tf.compat.v1.global_variables(), setting.variable_update.copies)
+    broadcast_op = tf.group(
+        broadcast.broadcast_from_chief(
+            reducer, tf.compat.v1.global_variables(), setting.variable_update.copies),
+        worker_sums.start_op())
     _check_exchanges(reducer)
     return train_op, broadcast_op
 

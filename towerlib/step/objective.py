@@ -51,10 +51,19 @@ def tower_shares(towers, global_examples=None, sum_over_workers=None) -> List[tf
         return [count / total for count, total in zip(counts, global_examples)]
     with tf.name_scope("tower_shares"):
         if sum_over_workers is not None:
-            totals = sum_over_workers(counts, "tower_examples")
+            totals = _worker_totals(sum_over_workers, counts, "tower_examples")
             return [count / total for count, total in zip(counts, totals)]
         total = tf.add_n(counts)
         return [count / total for count in counts]
+
+
+def _worker_totals(sum_over_workers, counts, name):
+    """Per local tower, the sum of `counts` over every worker's towers: exchanged once
+    at start when every count is static (the batch sizes cannot change), else each step."""
+    static = [tf.get_static_value(count) for count in counts]
+    if all(value is not None for value in static):
+        return sum_over_workers.fixed([float(value) for value in static], name)
+    return sum_over_workers(counts, name)
 
 
 def split_regularization(terms, towers):
@@ -107,7 +116,7 @@ class StepObjective:
             # This worker's B, contributed once (by tower 0) to the global B.
             local = [global_examples] + [tf.zeros_like(global_examples)] * (
                 sum_over_workers.num_towers - 1)
-            global_examples = sum_over_workers(local, "global_examples")
+            global_examples = _worker_totals(sum_over_workers, local, "global_examples")
         self._global_examples = global_examples
         self._sum_over_workers = sum_over_workers
         self._adds_weight_terms = adds_weight_terms
