@@ -238,3 +238,21 @@ def test_a_step_run_before_the_start_op_shows_nan_not_a_wrong_loss():
             assert session.run(total) == 8.0
         with pytest.raises(TypeError, match="finite Python numbers"):
             sums.fixed([tf.constant(8.0)], "tower_examples")
+
+
+@pytest.mark.parametrize("bn_mode, alone", [
+    ("first_tower", []), ("sync", []), ("all_towers", ["moving_statistics"])])
+def test_the_losses_and_moving_statistics_cross_with_the_gradients(bn_mode, alone):
+    """Between workers a step exchanges the gradients, and in their first buffer the
+    global losses and the chief's moving statistics ('all_towers' gathers every
+    tower's statistics alone); sync batch norm's own exchanges are the layer's."""
+    with tf.Graph().as_default() as graph:
+        train = build_worker(1, bn_mode)
+        crossing = [name for name in closure_names(train.train_op)
+                    if collective_ops.is_collective_op(graph.get_operation_by_name(name))
+                    and "sync_batch_norm" not in name]
+        others = [name for name in crossing if not name.startswith("allreduce_gradients/")]
+        assert [part for part in alone if any(part in name for name in others)] == alone
+        assert len(others) == len(alone), crossing
+        assert any(name.startswith("allreduce_gradients/") for name in crossing)
+        assert any(op.name.startswith("worker_riders") for op in graph.get_operations())

@@ -23,7 +23,7 @@ import tensorflow as tf
 from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.batchnorm.statistics import moving_variance_input
 
-__all__ = ["statistics_for_layers"]
+__all__ = ["chiefs_rows", "from_chiefs_rows", "statistics_for_layers"]
 
 
 def _pooled(counts, means, variances):
@@ -96,11 +96,50 @@ def _pooled_everywhere(own, unbiased, reducer, index):
 
 def _the_chiefs(own, unbiased, reducer, index):
     """'first_tower' and 'sync': the chief's tower 0 values; the others add zeros."""
-    sent = [tf.concat([mean, moving_variance_input(variance, count, correct)], axis=0)
-            for (count, mean, variance), correct in zip(own, unbiased)]
-    if reducer.member(index) != 0:
-        sent = [tf.zeros_like(values) for values in sent]
+    sent = _chiefs_values(own, unbiased, reducer.member(index) == 0)
     received = reducer.sum(sent, tower_index=index, differentiable=False,
                            name="moving_statistics")
     return [(values[:int(mean.shape[0])], values[int(mean.shape[0]):])
             for values, (_, mean, _) in zip(received, own)]
+
+
+def _chiefs_values(own, unbiased, is_chief):
+    """Per layer [mean; moving-variance input] of this tower, or zeros off the chief."""
+    sent = [tf.concat([mean, moving_variance_input(variance, count, correct)], axis=0)
+            for (count, mean, variance), correct in zip(own, unbiased)]
+    return sent if is_chief else [tf.zeros_like(values) for values in sent]
+
+
+def chiefs_rows(layers, bn_mode, reducer):
+    """Per local tower, ONE float32 vector that a sum over every tower of every worker
+    turns into every layer's [mean; moving-variance input] of the chief's tower 0 (the
+    other members send zeros, and x + 0 is x). For 'first_tower' and 'sync', to be
+    carried by another exchange (towerlib.step.worker_riders); None for 'all_towers',
+    which gathers every tower's (statistics_for_layers).
+    """
+    if resolve_bn_mode(bn_mode).pools_every_tower or not layers:
+        return None
+    names = list(layers)
+    rows = []
+    for index in range(reducer.num_towers):
+        own = [_own_statistics(layers[name], index) for name in names]
+        unbiased = [any(s.unbiased for s in layers[name]) for name in names]
+        with tf.device(reducer.devices[index]):
+            values = _chiefs_values(own, unbiased, reducer.member(index) == 0)
+            rows.append(tf.concat([tf.cast(v, tf.float32) for v in values], axis=0))
+    return rows
+
+
+def from_chiefs_rows(layers, summed_rows):
+    """{layer name: per local tower (mean, variance)} from chiefs_rows' summed vectors."""
+    names = list(layers)
+    channels = [int(layers[name][0].mean.shape[0]) for name in names]
+    dtypes = [layers[name][0].mean.dtype for name in names]
+    result = {name: [] for name in names}
+    for row in summed_rows:
+        with tf.device(row.device):
+            pieces = tf.split(row, [2 * c for c in channels], axis=0)
+            for name, piece, c, dtype in zip(names, pieces, channels, dtypes):
+                piece = tf.cast(piece, dtype)
+                result[name].append((piece[:c], piece[c:]))
+    return result

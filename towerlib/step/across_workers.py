@@ -1,19 +1,15 @@
-"""Sums over every tower of every worker, for the step's weights and losses.
+"""Sums over every tower of every worker, for the step's weights.
 
 Across workers each process builds only its own towers, yet a tower's share
-of the objective is n_i / B with B the examples of EVERY worker, and the
-loss a worker reports is the global batch's. Both are one small sum over
-the whole collective group (towerlib.exchange.CrossTowerReducer with a
-WorkerGroup): each local tower contributes a scalar, every tower receives
-the total.
+of the objective is n_i / B with B the examples of EVERY worker: one small
+sum over the whole collective group (towerlib.exchange.CrossTowerReducer
+with a WorkerGroup): each local tower contributes a scalar, every tower
+receives the total, read by its own tower (a collective completes only when
+every member runs its half). The losses ride in the gradients' exchange
+instead (towerlib.step.worker_riders).
 
     sums = WorkerSums(reducer)
     totals = sums([count_0, count_1], "tower_examples")   # one total per tower
-    loss = sums.once([part_0, part_1], "losses")          # one tensor
-
-A collective completes only when every member runs its half, so a total is
-read by its own tower (`__call__`), or `once` ties all the local halves to
-the one result read.
 
 A total that cannot change during the run (the examples of batches whose
 size is static) is exchanged once, at start, not every step:
@@ -59,12 +55,6 @@ class WorkerSums:
         return [self._reducer.sum(tf.cast(value, tf.float32), tower_index=index,
                                   name=f"across_workers_{name}", differentiable=False)
                 for index, value in enumerate(values)]
-
-    def once(self, values, name):
-        """The sum, once: tower 0's result, which runs every local tower's half."""
-        totals = self(values, name)
-        with tf.control_dependencies(totals[1:]):
-            return tf.identity(totals[0])
 
     def fixed(self, values, name):
         """Like `__call__` for Python numbers fixed for the run: exchanged once, at start.

@@ -41,7 +41,7 @@ def chosen_update_ops(towers, records, bn_mode, shared=None):
 
 
 def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step, *,
-                ema_decay, var_list, loss_scale, losses, reducer=None):
+                ema_decay, var_list, loss_scale, losses, shared_statistics=None):
     """(train op, the update ops it waits for, the ExponentialMovingAverage or None).
 
     Args:
@@ -54,12 +54,12 @@ def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step,
       losses: the towers' losses (float32 scalars), so that a non-finite
         loss under loss scaling reaches the NaN guard instead of passing for
         an overflow.
-      reducer: the build's exchange; across workers the moving statistics
-        take values every worker shares through it.
+      shared_statistics: across workers, {layer: per local tower (mean,
+        variance)} every worker shares, exchanged outside float16's skip (it
+        runs whether or not the step applies); None on one machine.
     """
     built = {}
-    # Across workers, the statistics' exchange runs whether or not the step applies.
-    shared = normalization.statistics_across_workers(records, bn_mode, reducer)
+    shared = shared_statistics
 
     def step():
         built["update_ops"] = chosen_update_ops(towers, records, bn_mode, shared)

@@ -15,9 +15,10 @@ from typing import Any, List
 import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
+from towerlib.batchnorm import normalization
 from towerlib.checks import compute_dtypes
 from towerlib.precision import casting, guards
-from towerlib.step import accumulation, across_workers, micro_loop
+from towerlib.step import accumulation, across_workers, micro_loop, worker_riders
 from towerlib.step import apply as apply_step
 from towerlib.step import devices as devices_lib
 from towerlib.step import options as options_lib
@@ -244,7 +245,14 @@ def _apply(optimizer, setting, objective, gradients):
     """The towers' gradients combined (all-reduced, unscaled) and applied once."""
     reducer, options = setting.reducer, setting.options
     _check_exchanges(reducer)  # the backward exchanges
-    combined = setting.variable_update.combine(gradients.tower_grads_and_vars)
+    riders = None
+    if options.workers.spans_workers:  # the step's small sums ride with the gradients
+        with tf.name_scope("worker_riders"):
+            riders = worker_riders.WorkerRiders.build(
+                objective, gradients.records, options.bn_mode, reducer)
+    combined = setting.variable_update.combine(
+        gradients.tower_grads_and_vars,
+        riders=None if riders is None else [[vector] for vector in riders.vectors])
     _check_exchanges(reducer)  # and the gradients' all-reduce
     if setting.loss_scale is not None:
         combined = combined.map_pairs(setting.loss_scale.unscale)
@@ -252,7 +260,8 @@ def _apply(optimizer, setting, objective, gradients):
     if options.clipping is not None:
         combined, norm = clipping_lib.clip_combined(combined, options.clipping, setting.host)
     with tf.device(setting.host), tf.name_scope("losses"):
-        losses = objective.losses()
+        losses = (objective.losses() if riders is None
+                  else riders.losses(objective, combined.riders))
     # Across workers every worker decides on the global loss, which all share.
     decided_on = ([losses.loss] if options.workers.spans_workers
                   else [t.loss for t in objective.towers])
@@ -260,8 +269,22 @@ def _apply(optimizer, setting, objective, gradients):
         optimizer, setting.variable_update, combined.apply_pairs, objective.towers,
         gradients.records, options.bn_mode, setting.global_step,
         ema_decay=options.ema_decay, var_list=gradients.var_list,
-        loss_scale=setting.loss_scale, losses=decided_on, reducer=reducer)
+        loss_scale=setting.loss_scale, losses=decided_on,
+        shared_statistics=_statistics_across_workers(riders, combined, gradients.records,
+                                                     options.bn_mode, reducer))
+    _check_exchanges(reducer)  # an exchange of the moving statistics of their own
     return _Applied(train_op, update_ops, ema, losses, combined, norm)
+
+
+def _statistics_across_workers(riders, combined, records, bn_mode, reducer):
+    """None on one machine; across workers the moving statistics' input every worker
+    shares: carried by the gradients' exchange, or ('all_towers') gathered alone."""
+    if riders is None:
+        return None
+    carried = riders.statistics(records, combined.riders)
+    if carried is not None:
+        return carried
+    return normalization.statistics_across_workers(records, bn_mode, reducer)
 
 
 def _join_workers(applied, setting, worker_sums):

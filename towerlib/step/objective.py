@@ -206,10 +206,14 @@ class StepObjective:
         self._weight_terms = list(weight_terms)
         self._weighted_activity = list(weighted_activity)
 
-    def losses(self) -> StepLosses:
-        """The step's losses, built in the current device and name scope."""
+    def losses(self, worker_sums=None) -> StepLosses:
+        """The step's losses, built in the current device and name scope.
+
+        Across workers, `worker_sums` is the sum over every worker's towers of
+        `worker_loss_rows()` (tower 0's, or any local tower's: the same bits).
+        """
         if self._sum_over_workers is not None:
-            return self._losses_over_workers()
+            return self._losses_over_workers(worker_sums)
         loss = tf.add_n([s * t.loss for s, t in zip(self.shares, self.towers)], name="loss")
         terms = (self._weight_terms or []) + self._weighted_activity
         regularization = (tf.add_n(terms, name="regularization_loss") if terms
@@ -217,21 +221,27 @@ class StepObjective:
         return StepLosses(loss, regularization,
                           tf.add(loss, regularization, name="total_loss"))
 
-    def _losses_over_workers(self):
-        """The global batch's losses: each tower's weighted terms summed over workers."""
-        num_towers = self._sum_over_workers.num_towers
+    def worker_loss_rows(self):
+        """Across workers, per local tower a float32 [2]: its weighted data loss and
+        (tower 0 only) this worker's weighted activity terms; summed over every
+        worker's towers they are the global batch's two parts, on each tower's device."""
         activity = (tf.add_n(self._weighted_activity) if self._weighted_activity
                     else tf.constant(0.0))
-        parts = []
-        for index in range(num_towers):
+        rows = []
+        for index in range(self._sum_over_workers.num_towers):
             own = [(s, t) for s, t in zip(self.shares, self.towers)
                    if t.context.index == index]
             with tf.device(own[0][1].context.device):
                 loss_part = tf.add_n([s * t.loss for s, t in own])
-                # This worker's activity terms, contributed once (by tower 0).
                 activity_part = activity if index == 0 else tf.zeros_like(activity)
-                parts.append(tf.stack([loss_part, activity_part]))
-        summed = self._sum_over_workers.once(parts, "losses")
+                rows.append(tf.stack([loss_part, activity_part]))
+        return rows
+
+    def _losses_over_workers(self, summed):
+        """The global batch's losses from the summed rows of worker_loss_rows()."""
+        if summed is None:
+            raise ValueError("Across workers the losses need worker_sums: the sum over "
+                             "every worker's towers of worker_loss_rows().")
         loss = tf.identity(summed[0], name="loss")
         # The weights' terms are the same on every worker: counted once.
         regularization = tf.add_n((self._weight_terms or []) + [summed[1]],

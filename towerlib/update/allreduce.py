@@ -94,8 +94,14 @@ def _gather_sparse(reducer, slices, tower_index, name):
         dense_shape=slices.dense_shape)
 
 
-def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None):
+def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None, riders=None):
     """Each tower's gradients replaced by their sum over the towers.
+
+    `riders` (None, or per tower a list of float32 vectors, the same shapes in
+    every tower) are small sums of the step that cross in the gradients'
+    buffers instead of exchanges of their own (towerlib.step.worker_riders):
+    with float32 gradients in the first buffer sent, else in one float32
+    exchange of their own. Their sums are the second item returned.
 
     Args:
       reducer: a CrossTowerReducer over the towers' devices.
@@ -109,7 +115,8 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None):
 
     Returns:
       Per tower, the summed gradients in the same order (None stays None),
-      built on that tower's device. Every tower's sums are the same bits.
+      built on that tower's device; every tower's sums are the same bits. With
+      `riders`, a pair: that, and per tower the riders' sums in their order.
     """
     first = tower_gradients[0]
     for index, gradients in enumerate(tower_gradients):
@@ -119,7 +126,7 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None):
     dense_positions = [i for i, g in enumerate(first)
                        if g is not None and not isinstance(g, tf.IndexedSlices)]
     sparse_positions = [i for i, g in enumerate(first) if isinstance(g, tf.IndexedSlices)]
-    reduced = []
+    reduced, rider_sums = [], []
     for tower_index, gradients in enumerate(tower_gradients):
         # Casts, pads and masks on the tower's device: none goes to a default GPU.
         with tf.name_scope(f"allreduce_tower_{tower_index}"), \
@@ -127,12 +134,19 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None):
             result = list(gradients)
             dense = [tf.convert_to_tensor(gradients[i]) for i in dense_positions]
             sent = dense if wire_dtype is None else [tf.cast(g, wire_dtype) for g in dense]
-            for position, summed, original in zip(
-                    dense_positions, _sum_dense(reducer, sent, tower_index, pack_bytes),
-                    dense):
-                result[position] = tf.cast(summed, original.dtype)
+            own_riders = [] if riders is None else list(riders[tower_index])
+            # Last in the list: the first buffer sent, when float32 gradients are in it.
+            carried = own_riders if (wire_dtype is None and any(
+                g.dtype == tf.float32 for g in sent)) else []
+            summed = _sum_dense(reducer, sent + carried, tower_index, pack_bytes)
+            for position, total, original in zip(dense_positions, summed, dense):
+                result[position] = tf.cast(total, original.dtype)
+            if own_riders and not carried:
+                summed = summed + reducer.sum(own_riders, tower_index=tower_index,
+                                              name="riders", differentiable=False)
+            rider_sums.append(summed[len(dense):])
             for position in sparse_positions:
                 result[position] = _gather_sparse(
                     reducer, gradients[position], tower_index, f"sparse_gradient_{position}")
             reduced.append(result)
-    return reduced
+    return reduced if riders is None else (reduced, rider_sums)

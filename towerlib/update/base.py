@@ -38,9 +38,12 @@ class CombinedGradients:
       per_copy: one list of (gradient, variable) pairs per copy of the
         variables: one list for a parameter server, one per tower when
         replicated (tower 0's first, the variables in the same order).
+      riders: per tower, the sums of the `riders` given to `combine`
+        (carried by the gradients' exchange), else None.
     """
 
     per_copy: List[List[tuple]]
+    riders: Optional[List[list]] = None
 
     @property
     def apply_pairs(self) -> List[tuple]:
@@ -54,7 +57,8 @@ class CombinedGradients:
 
     def map_pairs(self, transform: Callable[[List[tuple]], List[tuple]]):
         """The same structure with `transform` applied to each copy's pairs."""
-        return CombinedGradients([transform(pairs) for pairs in self.per_copy])
+        return dataclasses.replace(
+            self, per_copy=[transform(pairs) for pairs in self.per_copy])
 
 
 class VariableUpdate(abc.ABC):
@@ -81,7 +85,7 @@ class VariableUpdate(abc.ABC):
         """The variables tower `tower_index` differentiates: `var_list` or its copies."""
 
     @abc.abstractmethod
-    def combine(self, tower_grads_and_vars) -> CombinedGradients:
+    def combine(self, tower_grads_and_vars, riders=None) -> CombinedGradients:
         """Sums the towers' gradients.
 
         Args:
@@ -89,6 +93,9 @@ class VariableUpdate(abc.ABC):
             tower (with accumulation, summed over the tower's micro-batches);
             gradients already weighted by the examples' share of the global
             batch.
+          riders: None, or per tower a list of float32 vectors to sum over the
+            towers with the gradients (an update that exchanges gradients
+            carries them in its buffers; see CombinedGradients.riders).
         """
 
     @abc.abstractmethod

@@ -80,7 +80,9 @@ class ParameterServerUpdate(VariableUpdate):
         del tower_index
         return var_list
 
-    def combine(self, tower_grads_and_vars):
+    def combine(self, tower_grads_and_vars, riders=None):
+        if riders is not None:  # the sums stay on one machine: no exchange to ride
+            raise ValueError("ParameterServer.combine takes no riders.")
         return CombinedGradients([aggregation.aggregate_gradients(tower_grads_and_vars)])
 
     def apply(self, optimizer, pairs, global_step):

@@ -119,13 +119,15 @@ class ReplicatedUpdate(VariableUpdate):
             self._copies.check_every_variable_has_copies(var_list)
         return self._copies.tower_variables(var_list, tower_index)
 
-    def combine(self, tower_grads_and_vars):
+    def combine(self, tower_grads_and_vars, riders=None):
         """Every tower's (summed gradient, own copy) pairs, tower 0's first.
 
         `tower_grads_and_vars` has one list per tower (with accumulation, each
         tower's sum over its micro-batches: towerlib.step.micro_loop); the
-        towers' gradients are all-reduced once per step.
+        towers' gradients are all-reduced once per step, `riders` with them.
         """
+        if riders is not None and self._reducer is None:
+            raise ValueError("Replicated.combine: riders need an exchange between towers.")
         tower_gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
         for gradient, variable in tower_grads_and_vars[0]:
             if gradient is None:
@@ -135,7 +137,10 @@ class ReplicatedUpdate(VariableUpdate):
         if self._reducer is not None:
             with tf.name_scope("allreduce_gradients"):
                 tower_gradients = allreduce.allreduce_gradients(
-                    self._reducer, tower_gradients, self._pack_bytes, self._wire_dtype)
+                    self._reducer, tower_gradients, self._pack_bytes, self._wire_dtype,
+                    riders=riders)
+            if riders is not None:
+                tower_gradients, riders = tower_gradients
         # Tower 0's pairs first: the optimizer creates tower 0's slots before
         # the other towers' copies of them, which read tower 0's.
         per_tower = [[(gradient, variable)
@@ -143,7 +148,7 @@ class ReplicatedUpdate(VariableUpdate):
                       if gradient is not None]
                      for gradients, grads_and_vars in zip(tower_gradients,
                                                           tower_grads_and_vars)]
-        return CombinedGradients(per_tower)
+        return CombinedGradients(per_tower, riders=riders)
 
     def apply(self, optimizer, pairs, global_step):
         """One apply op updating every copy; the copies' slots are local copies too."""
