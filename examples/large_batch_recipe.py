@@ -38,6 +38,9 @@ flags.DEFINE_string("model", "resnet8", "convnet or resnet<6n+2> (examples/cifar
 flags.DEFINE_string("train_dir", None, "A new or empty folder; none: a fresh temporary one.")
 flags.DEFINE_integer("eval_every", 8, "Evaluate every this many steps.")
 flags.DEFINE_integer("patience", 3, "Stop after this many evaluations without improvement.")
+flags.DEFINE_integer("seed", 0, "The initial weights and the data order. The momentum "
+                     "changes only the moving statistics, so two runs that differ in it "
+                     "alone train alike and differ in their evaluations.")
 FLAGS = flags.FLAGS
 
 NUM_TOWERS = 2
@@ -118,8 +121,9 @@ def main(argv):
     # No weight decay in the model: LARS applies the recipe's 5e-4 itself.
     model = models.make_model(FLAGS.model, weight_decay=0.0, bn_momentum=FLAGS.bn_momentum)
     with tf.Graph().as_default():
+        towerlib.seed_everything(FLAGS.seed)
         batch = input_pipeline.global_train_batches(
-            train_files, FLAGS.global_batch, model.default_augmentation, seed=0)
+            train_files, FLAGS.global_batch, model.default_augmentation, seed=FLAGS.seed)
         train = recipe_step(model, batch, train_files.num_examples)
         evaluation = test_set_evaluation(model, test_files)
         result = towerlib.run_training(
