@@ -85,7 +85,7 @@ def recipe_step(model, batch, examples_per_epoch):
         bn_mode="sync", clipping=towerlib.ClipByGlobalNorm(5.0), global_step=step)
 
 
-def test_set_evaluation(model, test_files):
+def evaluation_on_test_set(model, test_files):
     """Precision@1 over every test image, on both towers, every --eval_every steps."""
     def precision(inputs, ctx):  # per example: 1 when predicted right; the mean is kept
         images, labels = inputs
@@ -116,17 +116,20 @@ def summary_line(result, evaluation):
 def main(argv):
     del argv
     check_flags()
+    # No weight decay in the model: LARS applies the recipe's 5e-4 itself.
+    try:
+        model = models.make_model(FLAGS.model, weight_decay=0.0, bn_momentum=FLAGS.bn_momentum)
+    except ValueError as error:  # an unknown --model: one line, with the known names
+        fail(f"--model={FLAGS.model}: {error}")
     FLAGS.train_dir = FLAGS.train_dir or tempfile.mkdtemp(prefix="large_batch_recipe_")
     script_runner.configure_logging()
     _, train_files, test_files = data_source.prepare(None, FLAGS.train_dir)
-    # No weight decay in the model: LARS applies the recipe's 5e-4 itself.
-    model = models.make_model(FLAGS.model, weight_decay=0.0, bn_momentum=FLAGS.bn_momentum)
     with tf.Graph().as_default():
         towerlib.seed_everything(FLAGS.seed)
         batch = input_pipeline.global_train_batches(
             train_files, FLAGS.global_batch, model.default_augmentation, seed=FLAGS.seed)
         train = recipe_step(model, batch, train_files.num_examples)
-        evaluation = test_set_evaluation(model, test_files)
+        evaluation = evaluation_on_test_set(model, test_files)
         result = towerlib.run_training(
             train, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
             evaluation=evaluation, log_every_n_steps=FLAGS.eval_every,

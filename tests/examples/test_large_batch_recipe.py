@@ -48,7 +48,8 @@ def test_recipe_summary_gives_the_best_evaluation_its_step_and_the_stop(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("flag, named", [("--eval_every=9", "--eval_every=9"),
-                                         ("--no_such_flag=1", "no_such_flag")])
+                                         ("--no_such_flag=1", "no_such_flag"),
+                                         ("--model=resnet9", "--model=resnet9")])
 def test_a_bad_flag_is_one_line_and_exit_status_2(tmp_path, flag, named):
     run = run_recipe("--max_steps=8", f"--train_dir={tmp_path / 'run'}", flag, timeout=120)
 
