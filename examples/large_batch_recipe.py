@@ -77,8 +77,7 @@ def recipe_step(model, batch, examples_per_epoch):
         warmup=schedules.Warmup(min(steps - 1, max(1, schedules.steps_for_epochs(
             WARMUP_EPOCHS, examples_per_epoch, batch_size)))))
     step = tf.compat.v1.train.get_or_create_global_step()
-    # The step's value, not the variable: LearningRate.tensor's warm-up takes a tensor.
-    optimizer = towerlib.optimizers.LARSOptimizer(rate.tensor(step.read_value()), momentum=0.9,
+    optimizer = towerlib.optimizers.LARSOptimizer(rate.tensor(step), momentum=0.9,
                                                   weight_decay=5e-4)
     return towerlib.build_train_graph(
         model, batch, optimizer, num_towers=NUM_TOWERS, update=towerlib.Replicated(),

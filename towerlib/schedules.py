@@ -89,7 +89,7 @@ class Warmup:
         """The fraction of the base rate at a step s < steps (Python or int64 tensor)."""
         offset = 1 if self.ramp == "after_first_step" else 0
         start = self.start_fraction
-        if isinstance(step, tf.Tensor):
+        if tf.is_tensor(step):  # a tensor or a variable
             return start + (1 - start) * tf.cast(step + offset, tf.float32) / float(self.steps)
         return start + (1 - start) * (step + offset) / self.steps
 
@@ -240,7 +240,8 @@ class LearningRate:
     def tensor(self, global_step):
         """The rate as a float32 scalar tensor of `global_step` (an int variable)."""
         with tf.name_scope("learning_rate_schedule"):
-            step = tf.cast(global_step, tf.int64)
+            # A variable's own dtype returns the variable itself from tf.cast: read it.
+            step = tf.cast(tf.convert_to_tensor(global_step), tf.int64)
             fraction = (tf.constant(1.0) if self.decay is None
                         else self.decay.fraction_tensor(step, self._warmup_steps))
             rate = self.base_rate * tf.cast(fraction, tf.float32)

@@ -31,6 +31,20 @@ def test_python_and_tensor_rates_agree_at_every_step(name):
                                                                  rel=2e-6, abs=1e-8), s
 
 
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_the_global_step_variable_itself_drives_the_rate(name):
+    """What the recipe passes: get_or_create_global_step(), an int64 variable."""
+    schedule = SCHEDULES[name]
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        step = tf.compat.v1.train.get_or_create_global_step()
+        rate = schedule.tensor(step)
+        session.run(step.initializer)
+        for s in (0, 3, 7, 25):
+            step.load(s, session)
+            assert session.run(rate) == pytest.approx(schedule.rate_at(s), rel=2e-6,
+                                                      abs=1e-8), s
+
+
 def test_warmup_then_piecewise_by_definition():
     schedule = SCHEDULES["piecewise"]
     # A boundary's own step still runs at the old rate, as in TensorFlow 1.
