@@ -1,11 +1,12 @@
 """An evaluation or export taken while batch norm's moving statistics are mostly their
-initial values says so in one line (share, layers, fix), and early stopping does not
-count such an evaluation against its patience.
+initial values says so in one line (share, layers, fix), and early stopping counts an
+evaluation against its patience only once they are at most 5% initial.
 
 The model: batch norm (momentum 0.9) then one weight; the evaluation's score never
 changes, so every evaluation after the first is "no improvement". 0.9^6 = 0.53 and
 0.9^7 = 0.48: evaluated every 2 steps, the evaluations at steps 2, 4 and 6 read
-statistics still mostly initial, those from step 8 on do not.
+statistics still mostly initial, those from step 8 on do not. 0.9^28 = 0.052 and
+0.9^29 = 0.047: early stopping counts the evaluations from step 30 on.
 """
 
 import logging
@@ -58,8 +59,14 @@ def fresh_lines(caplog):
 def test_evaluations_on_initial_statistics_are_said_and_not_counted(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="towerlib")
     result = train(tmp_path, 100)
-    # Counted: 8 and 10 only (2 improves, being the first; 4 and 6 are not counted).
-    assert result.stopped_early_at == 10
+    # Counted: 30 and 32 only (2 improves, being the first; 4 to 28 are not counted).
+    assert result.stopped_early_at == 32
+    evaluations = {int(r.getMessage().split()[1].rstrip(":")): r.getMessage()
+                   for r in caplog.records if ": evaluation " in r.getMessage()}
+    assert ("early stopping does not count it: the moving statistics are still 43% "
+            "initial (it counts from 5%)") in evaluations[8]
+    assert "still 5% initial" in evaluations[28]
+    assert not any("does not count" in evaluations[step] for step in (2, 4, 6, 30, 32))
     lines = fresh_lines(caplog)
     assert len(lines) == 3, lines
     first, fourth, sixth = lines

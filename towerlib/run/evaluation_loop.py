@@ -22,8 +22,10 @@ the decision (`agree`), so every worker stops at the same step.
 
 An evaluation taken while batch norm's moving statistics are still mostly
 their initial values (momentum ** step > 0.5) logs one warning line naming
-the share, the layers and the fix (towerlib.run.moving_statistics), and early
-stopping does not count it against its patience unless it improves the best.
+the share, the layers and the fix (towerlib.run.moving_statistics). Early
+stopping counts an evaluation against its patience only once the statistics
+are at most 5% initial (the rule of docs/large_batches.md), unless it
+improves the best; the evaluation's line says when it is not counted.
 """
 
 import copy
@@ -251,30 +253,37 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         # may hold a non-finite value).
         improved = math.isfinite(decided) and (
             best_step < 0 or self._evaluation.improved(decided, best))
+        # A read on statistics still partly initial is no sign of a plateau.
+        share = moving_statistics.largest_share(self._momenta, step)
+        counted = share <= moving_statistics.SMALL_SHARE
         if improved:
             best, best_step, since = decided, step, 0
-        elif fresh is None:  # one read on initial statistics is no sign of a plateau
+        elif counted:
             since += 1
         session.run(state.assign, {state.value: best, state.step: best_step,
                                    state.since: since})
         if improved:  # after the state: the best checkpoint holds it as of this step
             self._save_best(session, step)
+        uncounted = bool(self._evaluation.patience) and not improved and not counted
         if fresh is not None:
             logger.warning("%s%s", fresh, " Early stopping does not count this evaluation."
-                           if self._evaluation.patience and not improved else "")
-        self._log(step, values, decided, best, best_step)
+                           if uncounted else "")
+        note = (f"; early stopping does not count it: the moving statistics are still "
+                f"{share:.0%} initial (it counts from {moving_statistics.SMALL_SHARE:.0%})"
+                if uncounted and fresh is None else "")
+        self._log(step, values, decided, best, best_step, note)
         self._summarize(step, values)
 
-    def _log(self, step, values, decided, best, best_step):
+    def _log(self, step, values, decided, best, best_step, note=""):
         """The evaluation's line; across workers also the value the decision used."""
         own, agreed = "", ""
         if self._evaluation.agree is not None:
             own = " (this worker)"
             agreed = (f"; over every worker {self._evaluation.metric} {decided:.6g}, "
                       "which decides")
-        logger.info("step %d: evaluation%s %s%s (best %s %.6g at step %d)", step, own,
+        logger.info("step %d: evaluation%s %s%s (best %s %.6g at step %d%s)", step, own,
                     ", ".join(f"{name} {float(v):.6g}" for name, v in sorted(values.items())),
-                    agreed, self._evaluation.metric, best, best_step)
+                    agreed, self._evaluation.metric, best, best_step, note)
 
     def _summarize(self, step, values):
         if self._summary_writer is not None:

@@ -25,7 +25,8 @@ logger = logging.getLogger("towerlib")
 
 # "Mostly": more than half of each moving average is still its initial value.
 MOSTLY_INITIAL = 0.5
-# The share a suggested momentum leaves at the step it is suggested for.
+# The share a suggested momentum leaves at the step it is suggested for, and the most
+# an evaluation early stopping counts may read.
 SMALL_SHARE = 0.05
 _NAMED_LAYERS = 3
 
@@ -91,6 +92,15 @@ def fresh_layers(momenta, updates):
     shares = {layer: initial_share(m, updates) for layer, m in momenta.items()}
     fresh = {layer: s for layer, s in shares.items() if s > MOSTLY_INITIAL}
     return dict(sorted(fresh.items(), key=lambda item: -item[1]))
+
+
+def largest_share(momenta, updates):
+    """The largest initial share over the layers after `updates` updates (0 when none).
+
+    Early stopping counts an evaluation only when it is at most SMALL_SHARE, the
+    rule of docs/large_batches.md for an evaluation one can trust.
+    """
+    return max((initial_share(m, updates) for m in momenta.values()), default=0.0)
 
 
 def fresh_statistics_line(momenta, updates, what):
