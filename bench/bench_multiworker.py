@@ -13,6 +13,9 @@ global batch, Momentum, bn_mode='first_tower', in its own processes on
                                run_distributed_training, no ps
   parameter server, 2 x 2      the same with 1 ps task (SyncReplicasOptimizer)
   all-reduce, 2 workers x 1    towerlib, one tower per worker
+  plain loop, 2 x 1            (only with --configs=plain_2x1) the same graph in a plain
+                               session.run loop, as MultiWorkerMirroredStrategy is run:
+                               the difference is the training loop's hooks
   MultiWorkerMirroredStrategy, 2 workers x 1
                                tf.compat.v1.distribute.experimental.
                                MultiWorkerMirroredStrategy in graph mode (on CPU it
@@ -81,8 +84,9 @@ flags.DEFINE_integer("warmup_steps", 3,
 flags.DEFINE_float("loss_tolerance", 1e-4, "Largest loss difference the check accepts.")
 flags.DEFINE_float("learning_rate", 0.01, "Momentum (0.9) optimizer's learning rate.")
 flags.DEFINE_integer("seed", 0, "Seeds the initial weights and the synthetic batch.")
-flags.DEFINE_list("configs", None, "Configurations to run (default: all); the baseline "
-                  "is always run.")
+flags.DEFINE_list("configs", None, "Configurations to run (default: all but plain_2x1, "
+                  "the all-reduce graph in a plain session loop, which separates the "
+                  "training loop's cost from the graph's); the baseline is always run.")
 flags.DEFINE_float("reply_timeout", 900.0, "Seconds to wait for any one reply of a process.")
 flags.DEFINE_float("time_limit", 3600.0, "Every process is killed after this many seconds.")
 flags.DEFINE_string("process_log_dir", "",
@@ -95,9 +99,11 @@ BASELINE = "single_4"
 class Config:
     """One configuration: its processes' roles and how to read its loss."""
 
-    def __init__(self, key, label, role, workers, towers, ps=False, loss="first"):
+    def __init__(self, key, label, role, workers, towers, ps=False, loss="first",
+                 optional=False):
         self.key, self.label, self.role = key, label, role
         self.workers, self.towers, self.ps, self.loss = workers, towers, ps, loss
+        self.optional = optional  # run only when --configs names it
 
     @property
     def replicas(self):
@@ -110,6 +116,8 @@ CONFIGS = [
     Config("ps_2x2", "towerlib parameter server, 1 ps + 2 workers x 2 towers", "ps_worker",
            2, 2, ps=True, loss="mean"),
     Config("allreduce_2x1", "towerlib all-reduce, 2 workers x 1 tower", "allreduce", 2, 1),
+    Config("plain_2x1", "towerlib all-reduce graph, plain session loop, 2 x 1",
+           "allreduce_plain", 2, 1, optional=True),
     Config("mwms_2x1", "MultiWorkerMirroredStrategy, 2 workers x 1 replica", "mwms", 2, 1,
            loss="sum"),
 ]
@@ -118,7 +126,7 @@ CONFIG_KEYS = [c.key for c in CONFIGS]
 # configurations with the same replicas normalize batch norm over the same
 # shards, so 2 x 1 is checked against 2 x 1 only.
 LOSS_CHECKS = [("mwms_2x1", "allreduce_2x1"), ("allreduce_2x2", BASELINE),
-               ("ps_2x2", BASELINE)]
+               ("ps_2x2", BASELINE), ("plain_2x1", "allreduce_2x1")]
 
 def median_range(values):
     return statistics.median(values), min(values), max(values)
@@ -240,7 +248,7 @@ def _load_average():
 
 def main(argv):
     del argv
-    keys = FLAGS.configs or CONFIG_KEYS
+    keys = FLAGS.configs or [c.key for c in CONFIGS if not c.optional]
     unknown = set(keys) - set(CONFIG_KEYS)
     if unknown:
         raise app.UsageError(f"Unknown --configs {sorted(unknown)}; known: {CONFIG_KEYS}")

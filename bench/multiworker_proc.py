@@ -8,6 +8,9 @@ Roles (job["role"]):
               (update=towerlib.Replicated()).
   allreduce   worker r of an all-reduce job: build_sync_train_graph(...,
               update=towerlib.Replicated()) + run_distributed_training, no ps.
+  allreduce_plain
+              the allreduce role's graph in a plain session.run loop (as mwms):
+              TrainGraph.initialize, then session.run([train_op, loss]).
   ps_worker   worker r of the parameter-server path: build_sync_train_graph
               with a ParameterServerPlacer + run_distributed_training.
   ps          the ps task of that path: run_parameter_server.
@@ -50,7 +53,7 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-ROLES = ("single", "allreduce", "ps_worker", "ps", "mwms")
+ROLES = ("single", "allreduce", "allreduce_plain", "ps_worker", "ps", "mwms")
 
 
 def _protocol_stream():
@@ -242,6 +245,39 @@ def run_cluster_worker(job, replies, ps):
             **_run_kwargs(job, job["train_dir"]))
 
 
+def run_allreduce_plain(job, replies):
+    """The all-reduce worker's graph, run by a plain session.run loop (as mwms is)."""
+    import tensorflow as tf
+
+    import towerlib
+    from towerlib import cluster as cluster_lib
+    model, values, _, images, labels = _load_model_and_data(job)
+    images, labels = _worker_rows(job, images, labels)
+    cluster = _cluster(job, ps=False)
+    server = cluster_lib.start_server(cluster, job["towers"])
+    start = time.perf_counter()
+    with tf.Graph().as_default():
+        with tf.device(f"{cluster.task_device}/device:CPU:0"):
+            inputs = (tf.constant(images), tf.constant(labels))
+        graph = cluster_lib.build_sync_train_graph(
+            _initialized_from(model, values), inputs, _optimizer(job), cluster,
+            num_towers=job["towers"], device_type="cpu", update=towerlib.Replicated(),
+            **_RUN_OPTIONS)
+        train = graph.train_graph
+        build_seconds = time.perf_counter() - start
+        config = tf.compat.v1.ConfigProto()
+        config.CopyFrom(towerlib.session_config(job["towers"]))
+        config.operation_timeout_in_ms = int(job["step_deadline_secs"] * 1000)
+        with tf.compat.v1.Session(server.target, config=config) as session:
+            train.initialize(session, timeout_secs=job["startup_timeout_secs"])
+            stepper = Stepper(replies, {"build_seconds": build_seconds})
+            for _ in range(job["max_steps"]):
+                stepper.before_step()
+                _, loss = session.run([train.train_op, train.loss])
+                stepper.after_step(loss)
+            stepper.end()
+
+
 def run_ps(job):
     from towerlib import cluster as cluster_lib
     cluster = _cluster(job, ps=True)
@@ -369,6 +405,8 @@ def main(argv):
             run_single(job, replies)
         elif role in ("allreduce", "ps_worker"):
             run_cluster_worker(job, replies, ps=role == "ps_worker")
+        elif role == "allreduce_plain":
+            run_allreduce_plain(job, replies)
         elif role == "ps":
             run_ps(job)
         elif role == "mwms":
