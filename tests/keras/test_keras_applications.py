@@ -1,5 +1,14 @@
-"""tf_keras.applications.MobileNetV2 on 2 towers with replicated variables, every bn_mode:
-its moving statistics move, and the evaluation graph agrees with a SavedModel export."""
+"""tf_keras.applications.MobileNetV2 on 2 towers with replicated variables and
+bn_mode='sync': its 52 layers' moving statistics move, and the evaluation graph agrees
+with a SavedModel export.
+
+One bn_mode, the one that pools statistics across towers: what each mode does to a
+Keras batch norm's moving statistics is proven against tf_keras on one device in
+tests/keras/test_keras_as_keras.py (all_towers and first_tower:
+test_moving_statistics_are_keras_own_on_the_batch_the_mode_stands_for; sync:
+test_sync_moving_statistics_are_keras_own_on_an_uneven_batch), and MobileNetV2 also
+trains with sync, is evaluated and exported in tests/keras/test_keras_fine_tuning_lesson.py.
+A MobileNetV2 run per mode took about 2 minutes each and proved nothing more."""
 
 import numpy as np
 import pytest
@@ -25,8 +34,8 @@ def logit_columns(labels, logits):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bn_mode", ["first_tower", "all_towers", "sync"])
-def test_mobilenet_v2_trains_evaluates_and_exports(bn_mode, tmp_path):
+def test_mobilenet_v2_trains_evaluates_and_exports(tmp_path):
+    bn_mode = "sync"
     rng = np.random.RandomState(0)
     images = rng.rand(12, 32, 32, 3).astype(np.float32)
     labels = rng.randint(0, 10, 12).astype(np.int32)
