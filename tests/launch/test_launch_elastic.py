@@ -121,17 +121,19 @@ def assert_all_ended(*launches):
     wait_until(lambda: not any(alive(pid) for pid in pids), 10, "end of every task")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def job_input():
     """The job's input: towerlib.global_batch_input, whose batches the worker count does
     not change (elastic_job.py's --input step_rows is its own step-keyed rows)."""
     return "global_batch"
 
 
-@pytest.fixture
-def fixed_run(tmp_path, job_input):
-    """2 workers throughout: worker 1 fails retryably after step 10, both restart."""
-    launch = Launch(tmp_path, "fixed", "2", ["1:10:138"], job_input)
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory, job_input):
+    """2 workers throughout: worker 1 fails retryably after step 10, both restart. One
+    launch, the reference of both elastic runs (it only reads its folder)."""
+    launch = Launch(tmp_path_factory.mktemp("fixed_run"), "fixed", "2", ["1:10:138"],
+                    job_input)
     assert launch.status == 0, launch.describe()
     assert [size for size, _ in launch.attempts()] == [2, 2], launch.describe()
     return launch
