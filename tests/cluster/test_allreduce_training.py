@@ -47,7 +47,9 @@ def plain_name(name):
 
 CASES = [
     # workers, towers per worker, bn_mode, optimizer, accumulation_steps, model
-    (2, 2, "sync", "momentum", 1, "towerlib"),
+    # (2, 2, "sync", "momentum", 1, "towerlib") by flags: the clip and dynamic cases
+    # below differ from it in one option each, and test_a_schedulers_environment_is_the_cluster
+    # runs it twice (its cluster from Slurm's or TFJob's variables instead of flags).
     (2, 2, "all_towers", "adam", 2, "towerlib"),
     (2, 2, "first_tower", "sgd", 1, "towerlib"),
     (3, 1, "sync", "adam", 1, "towerlib"),
