@@ -14,13 +14,17 @@ config (train_loop_config):
   input: 'step_rows' or 'global_batch' (elastic_job.py).
   events: a file every worker appends one line to per event,
     "EVENT rank pid global_step workers node_id unix_time": "start" once its
-    session is ready (the step restored from), "step" after each step.
+    session is ready (the step restored from), "step" after each step, "kill"
+    just before it kills itself.
+  kill_rank, kill_at_step, kill_marker (optional): worker kill_rank SIGKILLs its
+    own process after step kill_at_step, once (the marker file says it happened).
   hold_alone_at_step, hold_secs (optional): a worker running alone (a cluster of
     one) waits after each step from hold_alone_at_step on, up to hold_secs in
     all, so that Ray has the time to grow the job back before it ends.
 """
 
 import os
+import signal
 import time
 
 import tensorflow as tf
@@ -34,7 +38,7 @@ SAVE_CHECKPOINT_STEPS = elastic_job.SAVE_STEPS
 
 
 class Events(tf.compat.v1.train.SessionRunHook):
-    """Writes the events above; holds this process where it is told."""
+    """Writes the events above; kills or holds this process where it is told."""
 
     def __init__(self, config, cluster, node):
         self._config, self._cluster, self._node = config, cluster, node
@@ -56,12 +60,24 @@ class Events(tf.compat.v1.train.SessionRunHook):
         step = run_context.session.run(self._global_step)
         self._event("step", step)
         config = self._config
+        if (self._cluster.replica_index == config.get("kill_rank")
+                and step >= config["kill_at_step"] and _first_time(config["kill_marker"])):
+            self._event("kill", step)
+            os.kill(os.getpid(), signal.SIGKILL)
         if (self._cluster.num_replicas == 1 and "hold_alone_at_step" in config
                 and step >= config["hold_alone_at_step"]):
             while self._held_secs < config["hold_secs"]:   # Ray stops this process
                 time.sleep(0.25)
                 self._held_secs += 0.25
         time.sleep(0.1)   # room between steps, as a real step's time
+
+
+def _first_time(marker):
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def train_loop(config):

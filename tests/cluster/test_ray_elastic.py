@@ -17,10 +17,9 @@ One machine, several Ray nodes (ray.cluster_utils.Cluster: a head and two nodes,
 each node one slot a worker needs), all on loopback (127.0.0.1, as
 tests/cluster/test_ray_train.py pins it). The training function is
 tests/cluster/ray_elastic_job.py: a global batch fixed by the step, whatever the
-worker count. First a fixed 2-worker run that goes through (a worker killed under Ray
-Train, restarted at the same size and bit-identical: tests/cluster/test_ray_train.py,
-which prints that restart's time). Then the elastic run: after its worker 1's step 10
-the test removes that worker's node; Ray restarts on the one worker left (a
+worker count. First a fixed 2-worker run, whose worker 1 SIGKILLs itself after step
+10 (a same-size restart: the node stays). Then the elastic run: after its worker 1's
+step 10 the test removes that worker's node; Ray restarts on the one worker left (a
 TF_CONFIG of one worker), which trains alone and then waits; the test adds a node and
 Ray grows the job back to 2 workers, which end at step 20. Every saved value of both
 workers equals the fixed run's within 1e-5. The restart times are printed.
@@ -201,7 +200,9 @@ def test_a_lost_node_shrinks_the_ray_train_job_and_a_new_node_grows_it_back(
         ray_nodes, tmp_path):
     job_input = "global_batch"  # towerlib.global_batch_input: the topology-free input
     began = time.monotonic()
-    fixed, thread, outcome = fit(tmp_path, "fixed", 2, job_input)
+    fixed, thread, outcome = fit(tmp_path, "fixed", 2, job_input, kill_rank=1,
+                                 kill_at_step=LOSE_AT_STEP,
+                                 kill_marker=str(tmp_path / "fixed" / "killed"))
     finish(thread, outcome, began)
 
     began = time.monotonic()
@@ -246,8 +247,11 @@ def test_a_lost_node_shrinks_the_ray_train_job_and_a_new_node_grows_it_back(
             np.testing.assert_allclose(values[name], value, rtol=0, atol=1e-5,
                                        err_msg=f"'{folder}' {name}")
 
-    assert [workers for workers, _ in attempts(events(fixed))] == [2], events(fixed)
+    fixed_log = events(fixed)
+    killed_at = [e[6] for e in fixed_log if e[0] == "kill"][0]
     print(f"\nRay Train elastic ({job_input}): node lost -> first step on 1 worker "
           f"{restart_secs(log, lost_at, alone):.1f} s; node given back -> first step on "
           f"2 workers {restart_secs(log, given_back_at, regrown):.1f} s (resumed from "
-          f"step {regrown[1][0][1]})", file=sys.stderr)
+          f"step {regrown[1][0][1]}); same-size restart after a SIGKILL "
+          f"{restart_secs(fixed_log, killed_at, attempts(fixed_log)[-1]):.1f} s",
+          file=sys.stderr)
