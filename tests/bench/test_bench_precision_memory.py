@@ -15,7 +15,7 @@ def test_precision_memory_benchmark_prints_its_ratios():
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "bench_precision_memory.py"),
          "--repetitions=1", "--steps=1", "--global_batch=16", "--speed_repetitions=2",
-         "--speed_batch=4", "--model=resnet8"],
+         "--speed_batch=4", "--model=convnet"],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -26,7 +26,7 @@ def _cells(stdout, label_start):
 def test_trace_benchmark_prints_both_ratios_with_their_middle_half():
     env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
-        [sys.executable, "bench/bench_trace.py", "--towers=2", "--model=resnet8",
+        [sys.executable, "bench/bench_trace.py", "--towers=2", "--model=convnet",
          "--global_batch=8", "--warmup_steps=1", "--repetitions=2",
          "--trace_steps_per_repetition=1", "--loop_steps_per_repetition=1"],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -22,7 +22,7 @@ def test_variable_update_benchmark_prints_every_variant_and_the_transport():
     env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "bench/bench_variable_update.py", "--towers=2",
-         "--transport_towers=2", "--model=resnet8", "--global_batch=8", "--warmup_steps=1",
+         "--transport_towers=2", "--model=convnet", "--global_batch=8", "--warmup_steps=1",
          "--repetitions=1", "--steps_per_repetition=1"],
         check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
