@@ -73,7 +73,7 @@ def processes(tmp_path, request):
 # at the end is short. A module stays in one piece (its module-scoped fixtures, such as a
 # trained run folder, are built once). Seconds of each module (its tests' durations, summed,
 # as pytest's JUnit report gave them for one run of the whole suite on 2 shared cores under
-# a load of 5-8, less what was cut from the module since; a new module's is estimated). A
+# a load of 5-8, less what was cut from the module since; a newer module's timed alone, x 1.4). A
 # module not listed counts SLOW_TEST_SECS per test marked slow and FAST_TEST_SECS per other
 # test; one is listed when that count would be 5 s or more off.
 MODULE_SECS = {
@@ -109,11 +109,11 @@ MODULE_SECS = {
     "tests/examples/test_cifar10_eval_towers.py": 61,
     "tests/bench/test_bench_precision_memory.py": 53,
     "tests/cluster/test_allreduce_checkpoints.py": 50,
-    "tests/examples/test_large_batch_recipe.py": 50,  # estimated: 5 processes
     "tests/step/test_accumulation_resume.py": 50,
     "tests/run/test_faults_kill.py": 48,
     "tests/examples/test_tower_loop_by_hand.py": 43,
     "tests/bench/test_bench_trace.py": 42,
+    "tests/examples/test_large_batch_recipe.py": 41,  # 29.5 s alone, x 1.4
     "tests/run/test_faults_signals.py": 39,
     "tests/bench/test_bench_keras.py": 37,
     "tests/cluster/test_early_stopping.py": 37,
