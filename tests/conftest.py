@@ -71,10 +71,10 @@ def processes(tmp_path, request):
 # after another at the end of the run while the other core was idle. So each slice is made
 # to hold about the same seconds of tests, with its longest modules first: what is stolen
 # at the end is short. A module stays in one piece (its module-scoped fixtures, such as a
-# trained run folder, are built once). Seconds of each module (its tests' durations, summed,
+# trained run folder, are built once). Seconds of each module: its tests' durations, summed,
 # as pytest's JUnit report gave them for one run of the whole suite on 2 shared cores under
-# a load of 5-8, less what was cut from the module since; a newer module's timed alone, x 1.4). A
-# module not listed counts SLOW_TEST_SECS per test marked slow and FAST_TEST_SECS per other
+# a load of 5-8, less what was cut from the module since (a newer module: timed alone, x 1.4).
+# A module not listed counts SLOW_TEST_SECS per test marked slow and FAST_TEST_SECS per other
 # test; one is listed when that count would be 5 s or more off.
 MODULE_SECS = {
     "tests/cluster/test_ray_elastic.py": 234,
