@@ -69,6 +69,10 @@ def lost_replica_error(cluster, deadline_secs, run):
 class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
     """Bounds each run with a deadline and logs while a run waits.
 
+    One watcher thread for the whole loop (started with the first run, not one
+    per step) looks at the run in progress every `log_every_secs` and logs a
+    line while it lasts longer than that.
+
     Args:
       deadline_secs: RunOptions.timeout_in_ms of every run, in seconds.
       log_every_secs: while a run lasts longer, a line every this many seconds.
@@ -79,27 +83,38 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
             raise ValueError(f"step deadline must be > 0 seconds, got {deadline_secs!r}.")
         self.deadline_secs = float(deadline_secs)
         self._log_every_secs = log_every_secs
-        self._done = None
+        self._lock = threading.Lock()
+        self._current = None  # (run number, its start) while a run is in progress
+        self._ended = threading.Event()
+        self._watcher = None
         self.runs = 0
 
     def before_run(self, run_context):
         self.runs += 1
-        self._done = threading.Event()
-        threading.Thread(target=self._log_while_waiting, args=(self._done, self.runs),
-                         daemon=True, name="towerlib-step-watch").start()
+        with self._lock:
+            self._current = (self.runs, time.monotonic())
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, daemon=True,
+                                             name="towerlib-step-watch")
+            self._watcher.start()
         return tf.compat.v1.train.SessionRunArgs(None, options=tf.compat.v1.RunOptions(
             timeout_in_ms=int(self.deadline_secs * 1000)))
 
     def after_run(self, run_context, run_values):
-        self._done.set()
+        with self._lock:
+            self._current = None
 
     def end(self, session):
-        if self._done is not None:
-            self._done.set()
+        self._ended.set()
 
-    def _log_while_waiting(self, done, run):
-        started = time.monotonic()
-        while not done.wait(self._log_every_secs):
-            logger.info("run %d of this replica: waiting %.0f s for the other replicas "
-                        "(deadline %.0f s)", run, time.monotonic() - started,
-                        self.deadline_secs)
+    def _watch(self):
+        while not self._ended.wait(self._log_every_secs):
+            with self._lock:
+                current = self._current
+            if current is None:
+                continue
+            run, started = current
+            waited = time.monotonic() - started
+            if waited >= self._log_every_secs:
+                logger.info("run %d of this replica: waiting %.0f s for the other replicas "
+                            "(deadline %.0f s)", run, waited, self.deadline_secs)

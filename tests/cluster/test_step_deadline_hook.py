@@ -1,0 +1,58 @@
+"""StepDeadlineHook: every run bounded by the deadline, one watcher thread for the loop,
+and a line while a run waits longer than log_every_secs."""
+
+import logging
+import threading
+import time
+
+import pytest
+
+from towerlib.cluster import StepDeadlineHook, replica_watch
+
+
+def watchers():
+    return [t for t in threading.enumerate() if t.name == "towerlib-step-watch"]
+
+
+def test_many_runs_share_one_watcher_and_carry_the_deadline(monkeypatch):
+    started = []
+
+    class CountedThread(threading.Thread):
+        def start(self):
+            started.append(self.name)
+            super().start()
+
+    monkeypatch.setattr(replica_watch.threading, "Thread", CountedThread)
+    before = len(watchers())
+    hook = StepDeadlineHook(deadline_secs=2.5, log_every_secs=0.05)
+    for _ in range(50):
+        args = hook.before_run(None)
+        assert args.options.timeout_in_ms == 2500
+        hook.after_run(None, None)
+    assert started == ["towerlib-step-watch"]  # one for the loop, not one per step
+    assert len(watchers()) == before + 1
+    hook.end(None)
+    time.sleep(0.2)  # the watcher sees the end within one period
+    assert len(watchers()) == before
+
+
+def test_a_run_that_waits_is_said_while_it_waits(caplog):
+    caplog.set_level(logging.INFO, logger="towerlib")
+    hook = StepDeadlineHook(deadline_secs=60, log_every_secs=0.05)
+    hook.before_run(None)
+    time.sleep(0.3)
+    hook.after_run(None, None)
+    lines = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert lines and all(line.startswith("run 1 of this replica: waiting") for line in lines)
+    assert "(deadline 60 s)" in lines[0]
+    count = len(lines)
+    hook.before_run(None)  # a quick run says nothing
+    hook.after_run(None, None)
+    time.sleep(0.15)
+    hook.end(None)
+    assert len([r for r in caplog.records if "waiting" in r.getMessage()]) == count
+
+
+def test_a_deadline_must_be_positive():
+    with pytest.raises(ValueError, match="must be > 0 seconds"):
+        StepDeadlineHook(deadline_secs=0)
