@@ -20,7 +20,10 @@ ROWS = ["one process, 4 towers",
         "towerlib all-reduce, 2 workers x 2 towers",
         "towerlib parameter server, 1 ps + 2 workers x 2 towers",
         "towerlib all-reduce, 2 workers x 1 tower",
+        "towerlib all-reduce graph, plain session loop, 2 x 1",
         "MultiWorkerMirroredStrategy, 2 workers x 1 replica"]
+# Every configuration, the opt-in plain loop included.
+CONFIGS = "allreduce_2x2,ps_2x2,allreduce_2x1,plain_2x1,mwms_2x1"
 # The benchmark kills its processes at --time_limit; this test kills the
 # benchmark (its own process group) a little later.
 TIME_LIMIT_SECS = 420
@@ -42,7 +45,7 @@ def _processes_left(log_dir):
     return alive
 
 
-@pytest.mark.slow  # starts 10 TensorFlow processes (~2-5 minutes on 2 shared cores)
+@pytest.mark.slow  # starts 12 TensorFlow processes (~2-5 minutes on 2 shared cores)
 def test_multiworker_benchmark_checks_losses_and_prints_every_configuration(tmp_path):
     env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
                CUDA_VISIBLE_DEVICES="")
@@ -51,7 +54,7 @@ def test_multiworker_benchmark_checks_losses_and_prints_every_configuration(tmp_
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.bench_multiworker", "--model=resnet8",
          "--global_batch=8", "--warmup_steps=2", "--repeats=2", "--steps=1",
-         "--segment_warmup_steps=0", f"--time_limit={TIME_LIMIT_SECS}",
+         "--segment_warmup_steps=0", f"--time_limit={TIME_LIMIT_SECS}", f"--configs={CONFIGS}",
          "--reply_timeout=300", f"--process_log_dir={log_dir}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
@@ -68,9 +71,11 @@ def test_multiworker_benchmark_checks_losses_and_prints_every_configuration(tmp_
     lines = stdout.splitlines()
 
     checks = [line for line in lines if line.startswith("LOSS CHECK")]
-    assert len(checks) == 3, stdout
+    assert len(checks) == 4, stdout
     assert all("(within 0.0001)" in line for line in checks), checks
     assert any(line.startswith("LOSS CHECK mwms_2x1 vs allreduce_2x1") for line in checks)
+    # The plain loop runs the same graph: the same losses.
+    assert any(line.startswith("LOSS CHECK plain_2x1 vs allreduce_2x1") for line in checks)
 
     header_at = next(i for i, line in enumerate(lines)
                      if line.startswith("| configuration |"))
