@@ -166,7 +166,7 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
       batch_norm_momenta: {layer: momentum} of the step's batch norm
         (towerlib.run.moving_statistics.layer_momenta): an evaluation taken
         while they are mostly their initial values is said so, and early
-        stopping does not count it.
+        stopping counts none taken while they are more than 5% initial.
     """
 
     def __init__(self, evaluation, step_after_update, train_dir=None, scaffold=None,
