@@ -56,3 +56,20 @@ def test_a_run_that_waits_is_said_while_it_waits(caplog):
 def test_a_deadline_must_be_positive():
     with pytest.raises(ValueError, match="must be > 0 seconds"):
         StepDeadlineHook(deadline_secs=0)
+
+
+def test_a_run_is_said_one_period_after_its_own_start(caplog):
+    """The line comes log_every_secs after the waiting run began, whenever the runs
+    before it began: a run shorter than two periods (say a deadline of 8 s with a
+    line every 5 s) is still said before its deadline."""
+    caplog.set_level(logging.INFO, logger="towerlib")
+    hook = StepDeadlineHook(deadline_secs=60, log_every_secs=1.0)
+    hook.before_run(None)  # run 1, quick
+    hook.after_run(None, None)
+    time.sleep(0.5)
+    hook.before_run(None)  # run 2 waits 1.3 s: said at about 1.0 s into it
+    time.sleep(1.3)
+    hook.after_run(None, None)
+    hook.end(None)
+    lines = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert [line.split(":")[0] for line in lines] == ["run 2 of this replica"], lines

@@ -70,8 +70,9 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
     """Bounds each run with a deadline and logs while a run waits.
 
     One watcher thread for the whole loop (started with the first run, not one
-    per step) looks at the run in progress every `log_every_secs` and logs a
-    line while it lasts longer than that.
+    per step) sleeps until the run in progress has lasted `log_every_secs`,
+    then logs a line every `log_every_secs` while it goes on. Runs shorter than
+    that cost it no wake-up each: it looks again once the one it waited on is due.
 
     Args:
       deadline_secs: RunOptions.timeout_in_ms of every run, in seconds.
@@ -83,7 +84,7 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
             raise ValueError(f"step deadline must be > 0 seconds, got {deadline_secs!r}.")
         self.deadline_secs = float(deadline_secs)
         self._log_every_secs = log_every_secs
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._current = None  # (run number, its start) while a run is in progress
         self._ended = threading.Event()
         self._watcher = None
@@ -91,8 +92,9 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         self.runs += 1
-        with self._lock:
+        with self._changed:
             self._current = (self.runs, time.monotonic())
+            self._changed.notify()
         if self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, daemon=True,
                                              name="towerlib-step-watch")
@@ -101,20 +103,33 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
             timeout_in_ms=int(self.deadline_secs * 1000)))
 
     def after_run(self, run_context, run_values):
-        with self._lock:
+        with self._changed:
             self._current = None
 
     def end(self, session):
         self._ended.set()
+        with self._changed:
+            self._changed.notify()
+
+    def _next_run(self):
+        """(run, start) of the run in progress, waiting for one; None once ended."""
+        with self._changed:
+            while self._current is None and not self._ended.is_set():
+                self._changed.wait()
+            return None if self._ended.is_set() else self._current
 
     def _watch(self):
-        while not self._ended.wait(self._log_every_secs):
-            with self._lock:
-                current = self._current
+        while True:
+            current = self._next_run()
             if current is None:
-                continue
+                return
             run, started = current
-            waited = time.monotonic() - started
-            if waited >= self._log_every_secs:
+            due = started + self._log_every_secs
+            while not self._ended.wait(max(0.0, due - time.monotonic())):
+                with self._changed:
+                    if self._current is None or self._current[0] != run:
+                        break  # that run is over: watch the one in progress now
                 logger.info("run %d of this replica: waiting %.0f s for the other replicas "
-                            "(deadline %.0f s)", run, waited, self.deadline_secs)
+                            "(deadline %.0f s)", run, time.monotonic() - started,
+                            self.deadline_secs)
+                due += self._log_every_secs
