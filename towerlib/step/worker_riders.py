@@ -10,7 +10,7 @@ so a step exchanges once between workers. For a ResNet-20: 2 + 2 x 688 floats
 beside 274,042 gradient values.
 
     riders = WorkerRiders.build(objective, records, bn_mode, reducer)  # before combine
-    combined = update.combine(tower_grads_and_vars, riders=riders.vectors)
+    combined = update.combine(tower_grads_and_vars, riders=[[v] for v in riders.vectors])
     losses = riders.losses(objective, combined.riders)
     shared = riders.statistics(records, combined.riders)  # None: exchange them alone
 
