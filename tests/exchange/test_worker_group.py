@@ -45,20 +45,91 @@ def build_worker(worker_index, bn_mode="sync", batch=None, **options):
 
 
 @pytest.mark.parametrize("bn_mode", ["first_tower", "all_towers", "sync"])
-def test_every_collective_spans_every_workers_towers(bn_mode):
+def test_cpu_towers_meet_in_a_hub_then_in_one_collective_between_workers(bn_mode):
+    """A worker's CPU towers exchange through graph edges; only the hub's output
+    crosses to the other workers: a collective group of W members, not W x N."""
     with tf.Graph().as_default() as graph:
         train = build_worker(1, bn_mode)
         collectives = [op for op in graph.get_operations()
                        if collective_ops.is_collective_op(op)]
         assert collectives
-        assert {op.get_attr("group_size") for op in collectives} == {4}
-        # Only this worker's two members are in its graph, one per tower device.
-        assert {op.device.split("device:")[-1] for op in collectives} == {"CPU:0", "CPU:1"}
-        assert all("/task:1/" in op.device for op in collectives)
+        assert {op.get_attr("group_size") for op in collectives} == {2}
+        # One member per worker: this worker's first tower device.
+        assert {op.device for op in collectives} == {
+            "/job:worker/replica:0/task:1/device:CPU:0"}
+        hubs = {op.type for op in graph.get_operations()
+                if op.name.startswith("cross_tower_exchange")}
+        assert "ConcatV2" in hubs  # small sums gather rows too
         assert train.broadcast_op is not None
         # The train op runs this worker's half of every collective it needs.
         safety.check_fetches(train.train_op, graph=graph)
         safety.check_fetches(train.loss, graph=graph)
+
+
+def test_a_sum_through_worker_hubs_adds_member_rows_as_one_process_adds():
+    """Every tower's vector is gathered as a row, and one AddN adds the W x N rows
+    in member order: one process's graph hub adds the same rows with the same op.
+    A sum in two levels (the worker's AddN, then an all-reduce) rounds
+    differently, and a ReLU input within rounding of 0 then flips a gradient."""
+    with tf.Graph().as_default():
+        devices = [f"/job:worker/replica:0/task:1/device:CPU:{i}" for i in range(2)]
+        reducer = CrossTowerReducer(
+            devices, transport="collective",
+            workers=towerlib.WorkerGroup(num_workers=2, worker_index=1))
+        sums = []
+        for tower, device in enumerate(devices):
+            with tf.device(device):
+                sums.append(reducer.sum([tf.fill([5], float(tower + 1))], tower,
+                                        name="small", differentiable=False)[0])
+        assert sums[0] is sums[1]  # one result every tower reads
+        added = sums[0].op
+        while added.type != "AddN":  # through the reducer's unpacking
+            added = added.inputs[0].op
+        assert len(added.inputs) == 4  # W x N rows, not a hub's N then W
+        unstacked = added.inputs[0].op
+        assert unstacked.type == "Unpack"
+        assert [t.value_index for t in added.inputs] == [0, 1, 2, 3]  # member order
+        gathered = unstacked.inputs[0].op
+        assert gathered.type == "CollectiveGather"
+        assert gathered.get_attr("group_size") == 2  # one member per worker
+        assert added.device == gathered.device == devices[0]
+        assert gathered.inputs[0].op.inputs[0].op.type == "ConcatV2"  # the worker's rows
+
+
+def test_beyond_four_towers_a_gradient_buffer_is_summed_per_worker_then_all_reduced():
+    """3 workers x 2 towers: a gather would bring each worker 4 copies of a large
+    buffer, so it is the worker's AddN, then an all-reduce of 3 members; a small
+    vector (batch-norm statistics) is still gathered and added as one process."""
+    with tf.Graph().as_default() as graph:
+        devices = [f"/job:worker/replica:0/task:2/device:CPU:{i}" for i in range(2)]
+        reducer = CrossTowerReducer(
+            devices, transport="collective",
+            workers=towerlib.WorkerGroup(num_workers=3, worker_index=2))
+        for tower, device in enumerate(devices):
+            with tf.device(device):
+                reducer.sum([tf.zeros([30000])], tower, name="large", differentiable=False)
+                reducer.sum([tf.zeros([8])], tower, name="small", differentiable=False)
+        collectives = {op.type: op for op in graph.get_operations()
+                       if collective_ops.is_collective_op(op)}
+        assert set(collectives) == {"CollectiveReduce", "CollectiveGather"}
+        assert {op.get_attr("group_size") for op in collectives.values()} == {3}
+        assert collectives["CollectiveReduce"].inputs[0].op.inputs[0].op.type == "AddN"
+        added = [op for op in graph.get_operations() if op.type == "AddN"]
+        assert sorted(len(op.inputs) for op in added) == [2, 6]  # worker's 2; 6 rows
+
+
+def test_gpu_towers_join_one_collective_group_of_every_workers_towers():
+    """Between GPUs NCCL picks its own topology: every tower is a member."""
+    with tf.Graph().as_default() as graph:
+        devices = [f"/job:worker/replica:0/task:1/device:GPU:{i}" for i in range(2)]
+        towerlib.build_train_graph(
+            model, tf.zeros([8, 3]), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+            devices=devices, bn_mode="sync", update=towerlib.Replicated(),
+            workers=towerlib.WorkerGroup(num_workers=2, worker_index=1))
+        collectives = [op for op in graph.get_operations()
+                       if collective_ops.is_collective_op(op)]
+        assert {op.get_attr("group_size") for op in collectives} == {4}
+        assert {op.device.split("device:")[-1] for op in collectives} == {"GPU:0", "GPU:1"}
 
 
 def test_one_tower_per_worker_still_synchronizes_batch_norm():

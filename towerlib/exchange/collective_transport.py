@@ -76,10 +76,13 @@ class CollectiveTransport:
         return self._launch(collective_ops.all_reduce, tensor, tower_index, instance_key)
 
     def gather(self, tensor, tower_index, instance_key, name):
-        """[group_size, K]: one all-gather op (along axis 0) on this tower's device."""
+        """[group_size x R, K]: every member's [R, K] rows, by one all-gather op (along
+        axis 0) on this tower's device."""
         del name  # the caller's name scope names the op
         out = self._launch(collective_ops.all_gather, tensor, tower_index, instance_key)
-        out.set_shape([self._group_size] + tensor.shape.as_list()[1:])
+        rows = tensor.shape[0]
+        out.set_shape([None if rows is None else self._group_size * rows]
+                      + tensor.shape.as_list()[1:])
         return out
 
     def _launch(self, collective, tensor, tower_index, instance_key):

@@ -41,6 +41,7 @@ from towerlib.exchange import (
     ledger,
     packing,
     transport_rules,
+    worker_hubs,
 )
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.exchange.transport_rules import TRANSPORTS
@@ -115,6 +116,10 @@ class CrossTowerReducer:
         # What moves the values: both offer sum() and gather() per tower and key.
         if transport == "graph":
             self._channel = graph_hub.GraphHubTransport(devices)
+        elif transport_rules.hubs_per_worker(devices, workers, communication_hint):
+            self._channel = worker_hubs.WorkerHubTransport(
+                devices, group_key, communication_hint, self._timeout_seconds,
+                workers.num_workers)
         else:
             self._channel = collective_transport.CollectiveTransport(
                 devices, group_key, communication_hint, self._timeout_seconds, self._ordered,

@@ -9,7 +9,8 @@ collectives (NCCL) when every tower is a GPU, graph edges otherwise.
 
 import tensorflow as tf
 
-__all__ = ["TRANSPORTS", "all_gpus", "check_reducer_options", "default_transport"]
+__all__ = ["TRANSPORTS", "all_gpus", "check_reducer_options", "default_transport",
+           "hubs_per_worker"]
 
 TRANSPORTS = ("collective", "graph")
 
@@ -21,6 +22,13 @@ def all_gpus(devices) -> bool:
 
 def default_transport(devices) -> str:
     return "collective" if all_gpus(devices) else "graph"
+
+
+def hubs_per_worker(devices, workers, communication_hint) -> bool:
+    """Whether collectives across workers go between per-worker graph hubs
+    (towerlib.exchange.worker_hubs): several CPU towers per worker, off NCCL."""
+    return (workers.spans_workers and len(devices) > 1 and not all_gpus(devices)
+            and communication_hint != "nccl")
 
 
 def check_reducer_options(devices, group_key, timeout_seconds, communication_hint,
