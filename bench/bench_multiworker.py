@@ -113,6 +113,8 @@ class Config:
 CONFIGS = [
     Config(BASELINE, "one process, 4 towers", "single", 1, 4),
     Config("allreduce_2x2", "towerlib all-reduce, 2 workers x 2 towers", "allreduce", 2, 2),
+    Config("allreduce_2x2_flat", "towerlib all-reduce, 2 x 2, one flat group of 4 members",
+           "allreduce_flat", 2, 2, optional=True),
     Config("ps_2x2", "towerlib parameter server, 1 ps + 2 workers x 2 towers", "ps_worker",
            2, 2, ps=True, loss="mean"),
     Config("allreduce_2x1", "towerlib all-reduce, 2 workers x 1 tower", "allreduce", 2, 1),
@@ -126,6 +128,7 @@ CONFIG_KEYS = [c.key for c in CONFIGS]
 # configurations with the same replicas normalize batch norm over the same
 # shards, so 2 x 1 is checked against 2 x 1 only.
 LOSS_CHECKS = [("mwms_2x1", "allreduce_2x1"), ("allreduce_2x2", BASELINE),
+               ("allreduce_2x2_flat", BASELINE),
                ("ps_2x2", BASELINE), ("plain_2x1", "allreduce_2x1")]
 
 def median_range(values):
@@ -314,7 +317,9 @@ def main(argv):
             ("allreduce_2x2", "ps_2x2", "towerlib all-reduce / parameter server (2 x 2), "
              "per repetition"),
             ("mwms_2x1", "allreduce_2x1", "MultiWorkerMirroredStrategy / towerlib "
-             "all-reduce (2 x 1), per repetition")]:
+             "all-reduce (2 x 1), per repetition"),
+            ("allreduce_2x2_flat", "allreduce_2x2", "one flat group of 4 / per-worker hubs "
+             "(2 x 2), per repetition")]:
         line = pair_line(samples, numerator, denominator, text)
         if line:
             progress(line)

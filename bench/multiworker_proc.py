@@ -8,6 +8,10 @@ Roles (job["role"]):
               (update=towerlib.Replicated()).
   allreduce   worker r of an all-reduce job: build_sync_train_graph(...,
               update=towerlib.Replicated()) + run_distributed_training, no ps.
+  allreduce_flat
+              the allreduce role with every tower of every worker one member
+              of one collective group (W x N), as before CPU towers met in
+              per-worker hubs (towerlib.exchange.worker_hubs): for comparison.
   allreduce_plain
               the allreduce role's graph in a plain session.run loop (as mwms):
               TrainGraph.initialize, then session.run([train_op, loss]).
@@ -53,7 +57,8 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-ROLES = ("single", "allreduce", "allreduce_plain", "ps_worker", "ps", "mwms")
+ROLES = ("single", "allreduce", "allreduce_flat", "allreduce_plain", "ps_worker", "ps",
+         "mwms")
 
 
 def _protocol_stream():
@@ -405,6 +410,10 @@ def main(argv):
             run_single(job, replies)
         elif role in ("allreduce", "ps_worker"):
             run_cluster_worker(job, replies, ps=role == "ps_worker")
+        elif role == "allreduce_flat":
+            from towerlib.exchange import transport_rules  # the flat group, for comparison
+            transport_rules.hubs_per_worker = lambda *args: False
+            run_cluster_worker(job, replies, ps=False)
         elif role == "allreduce_plain":
             run_allreduce_plain(job, replies)
         elif role == "ps":

@@ -1,6 +1,7 @@
 """bench/bench_multiworker.py keeps running end to end: a tiny run starts every
 configuration's processes on free localhost ports (one process with 4 towers,
-towerlib's all-reduce and parameter-server paths across 2 workers,
+towerlib's all-reduce (per-worker hubs and one flat group) and parameter-server
+paths across 2 workers,
 MultiWorkerMirroredStrategy across 2 workers), checks their losses against each
 other, times them and prints a row per configuration. Its numbers mean nothing
 here (2 repetitions of 1 step of ResNet-8 on a global batch of 8)."""
@@ -18,12 +19,13 @@ from tests import helpers
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROWS = ["one process, 4 towers",
         "towerlib all-reduce, 2 workers x 2 towers",
+        "towerlib all-reduce, 2 x 2, one flat group of 4 members",
         "towerlib parameter server, 1 ps + 2 workers x 2 towers",
         "towerlib all-reduce, 2 workers x 1 tower",
         "towerlib all-reduce graph, plain session loop, 2 x 1",
         "MultiWorkerMirroredStrategy, 2 workers x 1 replica"]
-# Every configuration, the opt-in plain loop included.
-CONFIGS = "allreduce_2x2,ps_2x2,allreduce_2x1,plain_2x1,mwms_2x1"
+# Every configuration, the opt-in ones included.
+CONFIGS = "allreduce_2x2,allreduce_2x2_flat,ps_2x2,allreduce_2x1,plain_2x1,mwms_2x1"
 # The benchmark kills its processes at --time_limit; this test kills the
 # benchmark (its own process group) a little later.
 TIME_LIMIT_SECS = 420
@@ -71,11 +73,14 @@ def test_multiworker_benchmark_checks_losses_and_prints_every_configuration(tmp_
     lines = stdout.splitlines()
 
     checks = [line for line in lines if line.startswith("LOSS CHECK")]
-    assert len(checks) == 4, stdout
+    assert len(checks) == 5, stdout
     assert all("(within 0.0001)" in line for line in checks), checks
     assert any(line.startswith("LOSS CHECK mwms_2x1 vs allreduce_2x1") for line in checks)
     # The plain loop runs the same graph: the same losses.
     assert any(line.startswith("LOSS CHECK plain_2x1 vs allreduce_2x1") for line in checks)
+    # 2 x 2 CPU towers add as one process with 4 does: the same bits.
+    assert any(line.startswith("LOSS CHECK allreduce_2x2 vs single_4")
+               and "= 0.00e+00" in line for line in checks), checks
 
     header_at = next(i for i, line in enumerate(lines)
                      if line.startswith("| configuration |"))
@@ -94,5 +99,7 @@ def test_multiworker_benchmark_checks_losses_and_prints_every_configuration(tmp_
     assert any(line.startswith("MultiWorkerMirroredStrategy / towerlib all-reduce (2 x 1)")
                for line in lines), stdout
     assert any(line.startswith("towerlib all-reduce / parameter server (2 x 2)")
+               for line in lines), stdout
+    assert any(line.startswith("one flat group of 4 / per-worker hubs (2 x 2)")
                for line in lines), stdout
     assert not _processes_left(log_dir)
