@@ -54,6 +54,20 @@ def test_collective_ops_reduce_and_gather_across_devices():
     assert sorted(gathered[0].tolist()) == [[1.0, 10.0], [2.0, 10.0]]
 
 
+def test_collective_gather_of_bfloat16_crosses_as_float32():
+    """CollectiveGather (V1) has no bfloat16 kernel: all_gather casts around it."""
+    with tf.Graph().as_default():
+        gathers = []
+        for index in range(2):
+            with tf.device(f"/device:CPU:{index}"):
+                value = tf.constant([[index + 1.5, -3.0]], tf.bfloat16)
+                gathers.append(collective_ops.all_gather(value, 2, 0x7A9001, 1, "auto"))
+        assert all(tensor.dtype == tf.bfloat16 for tensor in gathers)
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            gathered = session.run(gathers)
+    assert sorted(gathered[0].astype("float32").tolist()) == [[1.5, -3.0], [2.5, -3.0]]
+
+
 def test_missing_variable_message():
     with tf.Graph().as_default():
         with pytest.raises(ValueError) as raised:

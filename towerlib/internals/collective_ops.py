@@ -29,10 +29,16 @@ def all_reduce(tensor, group_size, group_key, instance_key, communication_hint,
 
 def all_gather(tensor, group_size, group_key, instance_key, communication_hint,
                timeout_seconds=None):
-    """The members' `tensor`s concatenated along axis 0, in rank order."""
-    return _tf_collective_ops.all_gather(
-        tensor, group_size, group_key, instance_key,
+    """The members' `tensor`s concatenated along axis 0, in rank order.
+
+    CollectiveGather (V1) takes no bfloat16, so a bfloat16 tensor crosses as
+    float32 (both casts exact) and comes back as bfloat16.
+    """
+    wire = tf.float32 if tensor.dtype == tf.bfloat16 else tensor.dtype
+    out = _tf_collective_ops.all_gather(
+        tf.cast(tensor, wire), group_size, group_key, instance_key,
         communication_hint=communication_hint, timeout=timeout_seconds or 0)
+    return tf.cast(out, tensor.dtype)
 
 
 def is_collective_op(op: tf.Operation) -> bool:
