@@ -1,7 +1,7 @@
 """Building one worker's step of an all-reduce job (no server needed: nothing runs).
 
 The processes themselves are in tests/cluster/test_allreduce_*.py; here the
-built graph: one collective group over every worker's towers, the rules that
+built graph: the exchanges over every worker's towers, the rules that
 refuse what cannot span workers, and the resume-step choice.
 """
 
@@ -84,6 +84,7 @@ def test_a_sum_through_worker_hubs_adds_member_rows_as_one_process_adds():
         assert sums[0] is sums[1]  # one result every tower reads
         added = sums[0].op
         while added.type != "AddN":  # through the reducer's unpacking
+            assert added.inputs, f"no AddN above {sums[0].op.name}"
             added = added.inputs[0].op
         assert len(added.inputs) == 4  # W x N rows, not a hub's N then W
         unstacked = added.inputs[0].op
@@ -116,6 +117,37 @@ def test_beyond_four_towers_a_gradient_buffer_is_summed_per_worker_then_all_redu
         assert collectives["CollectiveReduce"].inputs[0].op.inputs[0].op.type == "AddN"
         added = [op for op in graph.get_operations() if op.type == "AddN"]
         assert sorted(len(op.inputs) for op in added) == [2, 6]  # worker's 2; 6 rows
+
+
+def test_a_bfloat16_sum_crosses_between_workers_as_float32():
+    """CollectiveGather has no bfloat16 kernel: wire_dtype=bfloat16 gradients cross
+    as float32 (exact both ways) and are added in bfloat16, as one process adds."""
+    with tf.Graph().as_default() as graph:
+        devices = [f"/job:worker/replica:0/task:1/device:CPU:{i}" for i in range(2)]
+        reducer = CrossTowerReducer(
+            devices, transport="collective",
+            workers=towerlib.WorkerGroup(num_workers=2, worker_index=1))
+        sums = [reducer.sum([tf.zeros([30000], tf.bfloat16)], tower, name="gradients",
+                            differentiable=False)[0] for tower in range(2)]
+        assert sums[0].dtype == tf.bfloat16
+        (gathered,) = [op for op in graph.get_operations() if op.type == "CollectiveGather"]
+        assert gathered.get_attr("T") == tf.float32
+
+
+def test_bare_tower_devices_put_the_exchange_between_workers_on_this_task():
+    """Device names without a job and task take them from the enclosing scope, for
+    the collective between the workers too (its context is cleared of scopes)."""
+    with tf.Graph().as_default() as graph, tf.device("/job:worker/replica:0/task:1"):
+        devices = ["/device:CPU:0", "/device:CPU:1"]
+        reducer = CrossTowerReducer(
+            devices, transport="collective",
+            workers=towerlib.WorkerGroup(num_workers=2, worker_index=1))
+        for tower, device in enumerate(devices):
+            with tf.device(device):
+                reducer.sum([tf.fill([5], 1.0)], tower, name="small", differentiable=False)
+        placed = {op.device for op in graph.get_operations()
+                  if collective_ops.is_collective_op(op) or op.type == "AddN"}
+        assert placed == {"/job:worker/replica:0/task:1/device:CPU:0"}
 
 
 def test_gpu_towers_join_one_collective_group_of_every_workers_towers():
@@ -304,7 +336,7 @@ def test_the_losses_and_moving_statistics_cross_with_the_gradients(bn_mode, alon
                     if collective_ops.is_collective_op(graph.get_operation_by_name(name))
                     and "sync_batch_norm" not in name]
         others = [name for name in crossing if not name.startswith("allreduce_gradients/")]
-        # One op per local tower for each exchange of its own.
+        # Besides the gradients, only the exchanges of their own named here.
         assert all(any(part in name for part in alone) for name in others), crossing
         assert [part for part in alone if any(part in name for name in others)] == alone
         assert any(name.startswith("allreduce_gradients/") for name in crossing)

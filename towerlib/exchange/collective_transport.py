@@ -17,11 +17,11 @@ import tensorflow as tf
 
 from towerlib.internals import collective_ops
 
-__all__ = ["CollectiveTransport"]
+__all__ = ["GATHER_UP_TO_ELEMENTS", "CollectiveTransport"]
 
 # Off NCCL, a sum whose gathered copies (num_towers x size) stay under this
 # many elements is computed as an all-gather plus a local sum (see sum()).
-_GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS = 1 << 16
+GATHER_UP_TO_ELEMENTS = 1 << 16
 
 
 class CollectiveTransport:
@@ -68,7 +68,7 @@ class CollectiveTransport:
         if (
             self._communication_hint != "nccl"
             and size is not None
-            and size * self._group_size <= _GATHER_INSTEAD_OF_REDUCE_MAX_ELEMENTS
+            and size * self._group_size <= GATHER_UP_TO_ELEMENTS
         ):
             gathered = self.gather(tensor[tf.newaxis], tower_index, instance_key, name)
             with tf.device(self._devices[tower_index]):
