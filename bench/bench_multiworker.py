@@ -127,6 +127,13 @@ CONFIG_KEYS = [c.key for c in CONFIGS]
 # The loss checks: (configuration, configuration it must agree with). Only
 # configurations with the same replicas normalize batch norm over the same
 # shards, so 2 x 1 is checked against 2 x 1 only.
+# Ratios printed per repetition: (numerator, denominator, what the line says).
+PAIR_RATIOS = [
+    ("allreduce_2x2", "ps_2x2", "towerlib all-reduce / parameter server (2 x 2), per repetition"),
+    ("mwms_2x1", "allreduce_2x1",
+     "MultiWorkerMirroredStrategy / towerlib all-reduce (2 x 1), per repetition"),
+    ("allreduce_2x2_flat", "allreduce_2x2",
+     "one flat group of 4 / per-worker hubs (2 x 2), per repetition")]
 LOSS_CHECKS = [("mwms_2x1", "allreduce_2x1"), ("allreduce_2x2", BASELINE),
                ("allreduce_2x2_flat", BASELINE),
                ("ps_2x2", BASELINE), ("plain_2x1", "allreduce_2x1")]
@@ -313,13 +320,7 @@ def main(argv):
     samples = results["samples"]
     for line in table(summarize(configs, samples)):
         progress(line)
-    for numerator, denominator, text in [
-            ("allreduce_2x2", "ps_2x2", "towerlib all-reduce / parameter server (2 x 2), "
-             "per repetition"),
-            ("mwms_2x1", "allreduce_2x1", "MultiWorkerMirroredStrategy / towerlib "
-             "all-reduce (2 x 1), per repetition"),
-            ("allreduce_2x2_flat", "allreduce_2x2", "one flat group of 4 / per-worker hubs "
-             "(2 x 2), per repetition")]:
+    for numerator, denominator, text in PAIR_RATIOS:
         line = pair_line(samples, numerator, denominator, text)
         if line:
             progress(line)

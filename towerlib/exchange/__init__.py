@@ -12,6 +12,7 @@ The package, one job per module:
   packing.py      many same-dtype tensors into one exchange
   graph_hub.py    the 'graph' transport: one hub op per exchange (CPU default)
   collective_transport.py  the 'collective' transport: collective ops, NCCL on GPUs
+  worker_hubs.py  across workers, several CPU towers each: a hub per worker, a gather between
   safety.py       fetch checks, run deadlines, timeouts explained
   choice.py       `exchange=`: GraphExchange, CollectiveExchange
   transport_rules.py  which transport by default, and each one's arguments

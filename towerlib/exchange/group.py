@@ -1,9 +1,9 @@
 """Where one process's towers sit among every tower of a multi-worker job.
 
 On one machine the towers of a build are the whole collective group. Across
-machines every worker builds its own towers, and one collective group spans
-all of them: worker r's local tower i is member r * N + i of W * N, with N
-towers per worker. The reducer's callers keep using local tower indices; the
+machines every worker builds its own towers, and the exchange spans all of
+them: worker r's local tower i is member r * N + i of W * N, with N towers per
+worker (one collective group of W * N, or a hub per worker and a group of W). The reducer's callers keep using local tower indices; the
 reducer maps them to members.
 
     group = WorkerGroup(num_workers=2, worker_index=1)

@@ -30,7 +30,7 @@ them.
 """
 
 import numbers
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -81,9 +81,10 @@ class CrossTowerReducer:
         is far cheaper than a collective ring and cannot hang. The
         arguments above only concern the 'collective' transport.
       workers: a towerlib.exchange.WorkerGroup when the exchange spans the
-        towers of several worker processes (one collective group of W x N
-        members, every worker building the same calls in the same order);
-        only through collectives. Tower indices stay this worker's own.
+        towers of several worker processes, every worker building the same
+        calls in the same order (collectives only: one group of W x N
+        members, or with several CPU towers a hub per worker and a group of
+        W, towerlib.exchange.worker_hubs). Tower indices stay this worker's.
 
     With one device in all nothing is exchanged: ``sum`` is the identity and
     ``gather`` adds a leading axis of size 1.
@@ -130,23 +131,12 @@ class CrossTowerReducer:
         # Instance key -> the unpacked tensors of a sum every tower reads alike.
         self._shared_sums = {}
 
-    @property
-    def devices(self) -> List[str]:
-        return list(self._devices)
-
-    @property
-    def num_towers(self) -> int:
-        """This worker's towers (the valid `tower_index` values)."""
-        return len(self._devices)
-
-    @property
-    def workers(self) -> WorkerGroup:
-        return self._workers
-
-    @property
-    def group_size(self) -> int:
-        """Every tower of every worker: the rows of a gather."""
-        return self._group_size
+    devices = property(lambda self: list(self._devices), doc="This worker's tower devices.")
+    num_towers = property(lambda self: len(self._devices),
+                          doc="This worker's towers (the valid `tower_index` values).")
+    workers = property(lambda self: self._workers, doc="The WorkerGroup.")
+    group_size = property(lambda self: self._group_size,
+                          doc="Every tower of every worker: the rows of a gather.")
 
     def member(self, tower_index: int) -> int:
         """This worker's tower `tower_index` as a member of the whole group."""
@@ -193,8 +183,8 @@ class CrossTowerReducer:
 
         Returns:
           The same structure as `tensors`: each tensor summed over all towers
-          (on this tower's device through collectives; through the graph
-          transport, the one hub's output, on devices[0]). Differentiable:
+          (on this tower's device through collectives; through hubs, the one
+          output every tower reads, on devices[0]). Differentiable:
           the gradient is the sum of all towers' incoming gradients (exact
           data-parallel gradient).
         """
@@ -229,8 +219,9 @@ class CrossTowerReducer:
     def gather_unordered(self, tensors, tower_index: int, name: Optional[str] = None):
         """Like ``gather``, with rows in the transport's order.
 
-        That is the collective's rank order, or tower order through the graph
-        transport.
+        That is the collective's rank order (through per-worker hubs: worker
+        blocks in rank order, towers in order within each), or tower order
+        through the graph transport.
 
         The order is the same on every tower, so a combination computed from
         the rows (a sum over them, say) comes out bit for bit the same on

@@ -26,7 +26,8 @@ def default_transport(devices) -> str:
 
 def hubs_per_worker(devices, workers, communication_hint) -> bool:
     """Whether collectives across workers go between per-worker graph hubs
-    (towerlib.exchange.worker_hubs): several CPU towers per worker, off NCCL."""
+    (towerlib.exchange.worker_hubs): several towers per worker, not all of them GPUs,
+    off NCCL."""
     return (workers.spans_workers and len(devices) > 1 and not all_gpus(devices)
             and communication_hint != "nccl")
 
