@@ -25,7 +25,7 @@ LAYERS = [
     ["batchnorm", "precision"],             # batch norm across towers; dtypes, guards
     ["checks"],                             # build-time checks of towers and data
     ["step", "layers", "schedules", "optimizers"],  # the step; layers; rates; LARS, LAMB
-    ["checks.validation"],                  # validate_config: the step's and the loop's options
+    ["checks.validation", "keras"],         # validate_config; the Keras front end (KerasTower)
     ["run"],                                # the training loop
     ["cluster"],                            # several machines
     ["launch"],                             # starting and restarting a job's processes

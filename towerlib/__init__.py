@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from towerlib.step.inputs import split_global_batch
     from towerlib.step.summaries import strip_tower_prefix, tower_scalar
     from towerlib.step.towers import Tower, TowerModel, build_towers
-    from towerlib.step.keras_tower import KerasTower, KerasTowerError
+    from towerlib.keras.tower import KerasTower, KerasTowerError
     from towerlib.step.build import build_train_graph
     from towerlib.step.train_graph import TrainGraph, ema_restore_map
     from towerlib.update.aggregation import aggregate_gradients

@@ -20,8 +20,4 @@ The package, one job per module:
   devices.py      tower devices, virtual CPUs, where shared variables live
   inputs.py       splitting a global batch over the towers
   summaries.py    tower-aware scalar summaries
-  keras_tower.py  KerasTower: a tf_keras model as the tower function
-  keras_objective.py  its loss and metrics per tower, as model.compile forms them
-  keras_weights.py    its weights as towerlib's variables: routed, copied, frozen
-  keras_export.py     its checkpoint as a SavedModel or Keras' weights file
 """
