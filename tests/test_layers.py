@@ -1,7 +1,7 @@
 """towerlib's packages in layers: each imports only from the layers below it.
 
 Read bottom to top; the members of one layer are independent (none imports another).
-A member is a package (`step`) or a module (`checks.validation`). Every import counts,
+A member is a package (`step`) or a module (`checks.problems`). Every import counts,
 at module level or inside a function, absolute or relative, and an import through the
 package face (`from towerlib import run_training`, `towerlib.run_training` after
 `import towerlib`) counts as an import of the module that defines the name.
@@ -25,7 +25,7 @@ LAYERS = [
     ["batchnorm", "precision"],             # batch norm across towers; dtypes, guards
     ["checks"],                             # build-time checks of towers and data
     ["step", "layers", "schedules", "optimizers"],  # the step; layers; rates; LARS, LAMB
-    ["checks.validation", "keras"],         # validate_config; the Keras front end (KerasTower)
+    ["keras"],                              # the Keras front end (KerasTower)
     ["run"],                                # the training loop
     ["cluster"],                            # several machines
     ["launch"],                             # starting and restarting a job's processes
@@ -38,7 +38,7 @@ def member_of(module):
         for member in members:
             if module == member or module.startswith(member + "."):
                 if "." not in member:
-                    # A module member ('checks.validation') is more specific.
+                    # A module member ('checks.problems') is more specific.
                     specific = [m for layer in LAYERS for m in layer
                                 if "." in m and (module == m or module.startswith(m + "."))]
                     return specific[0] if specific else member

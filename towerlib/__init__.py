@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     # Checks.
     from towerlib.checks.data_checks import (DataError, assert_finite, assert_labels_in_range,
                                              check_record_files)
-    from towerlib.checks.validation import ConfigError, ConfigProblem, validate_config
+    from towerlib.run.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
 

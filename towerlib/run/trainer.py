@@ -11,7 +11,7 @@ place of TensorFlow's where a fault would cost work:
 - a non-finite tower loss stops training with an error naming the step and
   the tower, before anything of that step is saved (towerlib.precision.guards), and no
   checkpoint is written while a variable holds NaN or Inf (run.hooks);
-- the options are validated together first (towerlib.checks.validation).
+- the options are validated together first (towerlib.run.validation).
 """
 
 import collections
@@ -20,7 +20,7 @@ import logging
 
 import tensorflow as tf
 
-from towerlib.checks import data_checks, loop_options, run_time, validation
+from towerlib.checks import data_checks, loop_options, run_time
 from towerlib.exchange import safety as exchange_safety
 from towerlib.precision import guards
 from towerlib.run import (
@@ -33,6 +33,7 @@ from towerlib.run import (
     loop_hooks,
     sessions,
     stopping,
+    validation,
 )
 from towerlib.step import devices as devices_lib
 

@@ -89,7 +89,6 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
             "tf.compat.v1.disable_eager_execution() first).")
     options = options_lib.resolve_step_options(
         optimizer, tower_fn=tower_fn, **options_lib.STEP_OPTIONS.pick(locals()))
-    options.precision.check_optimizer(optimizer)
     setting = _step_setting(options, global_step)
     stacks, global_examples = (
         accumulation.tower_stacks(inputs, options.accumulation_steps, setting.devices,
