@@ -215,3 +215,13 @@ def test_ruff_refuses_relative_imports_with_the_project_rules(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.count("TID252") == 2, result.stdout
+
+
+def test_the_step_across_workers_has_one_home():
+    """build.py reads the same phases on one machine and across workers: what crosses
+    between workers is built in towerlib/step/across_workers.py alone (options.py only
+    judges whether the update can span the group)."""
+    step = ROOT / "step"
+    deciding = sorted(path.name for path in step.glob("*.py")
+                      if "spans_workers" in path.read_text(encoding="utf-8"))
+    assert deciding == ["across_workers.py", "options.py"], deciding

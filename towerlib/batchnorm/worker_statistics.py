@@ -112,7 +112,7 @@ def chiefs_rows(layers, bn_mode, reducer):
     """Per local tower, ONE float32 vector that a sum over every tower of every worker
     turns into every layer's [mean; moving-variance input] of the chief's tower 0 (the
     other members send zeros, and x + 0 is x). For 'first_tower' and 'sync', to be
-    carried by another exchange (towerlib.step.worker_riders); None for 'all_towers',
+    carried by another exchange (towerlib.step.across_workers); None for 'all_towers',
     which gathers every tower's (statistics_for_layers).
     """
     if bn_mode.pools_every_tower or not layers:
