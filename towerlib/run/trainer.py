@@ -17,7 +17,6 @@ place of TensorFlow's where a fault would cost work:
 import collections
 import dataclasses
 import logging
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -27,9 +26,9 @@ from towerlib.exchange import safety as exchange_safety
 from towerlib.precision import guards
 from towerlib.run import (
     checkpoint_fit,
+    checkpoint_state,
     checkpoints,
     data_position,
-    durable_files,
     evaluation_loop,
     folder_lock,
     global_batches,
@@ -292,16 +291,19 @@ def _refuse_later_checkpoints(train_dir, restore_from):
     """Refuses restore_from= into a train_dir that already holds a checkpoint of that
     step or a later one: the run would train from the older step, leave the steps the
     folder holds unsaved (a step with a complete checkpoint is never rewritten), and
-    its result would be that other run's checkpoint."""
+    its result would be that other run's checkpoint. A checkpoint of train_dir itself
+    (an older step the workers agreed on, towerlib.cluster.allreduce_job) is this run's:
+    training on from it redoes the same steps."""
+    if checkpoint_state.in_run_folder(train_dir, restore_from):
+        return
     step = checkpoints.checkpoint_step(restore_from)
     if step is None:
         try:
             step = int(tf.train.load_variable(restore_from, "global_step"))
         except (ValueError, TypeError, tf.errors.OpError):
             step = 0
-    same = os.path.realpath(restore_from) if durable_files.is_local(restore_from) else None
     later = sorted((s, p) for s, p in checkpoints.restorable_steps(train_dir).items()
-                   if s >= step and (same is None or os.path.realpath(p) != same))
+                   if s >= step)
     if later:
         newest_step, newest = later[-1]
         raise checkpoints.CheckpointError(
