@@ -100,6 +100,7 @@ def test_a_copied_state_file_naming_the_original_by_absolute_path_deletes_nothin
     assert result.global_step == 6 and result.checkpoint == str(copy / "model.ckpt-6")
     assert sorted(os.listdir(original)) == before
     assert f"names {original}/model.ckpt-0, {original}/model.ckpt-2, outside" in caplog.text
+    assert caplog.text.count("outside that folder") == 1   # said once, not per read
     assert checkpoints.read_state(str(copy)) == [str(copy / "model.ckpt-6")]
 
 

@@ -30,6 +30,7 @@ SAVING_DIRNAME = ".saving"
 DEFAULT_BASENAME = "model.ckpt"
 JOURNAL_FILENAME = "publishing"  # in SAVING_DIRNAME: the files a save is changing
 
+_FOREIGN_LOGGED = set()  # (train_dir, prefixes) already said: one line, not one per read
 _DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 _STEP_SUFFIX = re.compile(r"-(\d+)$")
 
@@ -221,7 +222,8 @@ def read_state(train_dir):
     if latest and latest not in listed:
         listed.append(latest)
     foreign = [p for p in listed if not in_run_folder(train_dir, p)]
-    if foreign:
+    if foreign and (str(train_dir), tuple(foreign)) not in _FOREIGN_LOGGED:
+        _FOREIGN_LOGGED.add((str(train_dir), tuple(foreign)))
         logger.warning(
             "The state file of %s names %s, outside that folder (a copied run folder's "
             "absolute paths?): not this run's, so towerlib neither restores nor deletes "
