@@ -27,9 +27,9 @@ import stat
 
 import tensorflow as tf
 
-__all__ = ["CheckpointError", "ControlEntryError", "LinkedEntryError",
-           "claim_folder", "check_file", "is_regular_file", "open_regular", "ours"]
-
+__all__ = ["CheckpointError", "ControlEntryError", "LinkedEntryError", "check_file",
+           "check_folder", "claim_folder", "is_regular_file", "linked_error",
+           "open_regular", "ours"]
 
 
 class CheckpointError(RuntimeError):
