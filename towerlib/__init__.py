@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from towerlib.update.parameter_server import ParameterServer
     from towerlib.update.replicated import Replicated
     from towerlib.update.clipping import ClipByGlobalNorm
+    from towerlib.update.holdings import replica_bytes
 
     # Building the training step.
     from towerlib.step.context import BN_MODES, BnMode, TowerContext, TowerRecords
@@ -87,7 +88,7 @@ __version__ = "0.1.0"
 __all__ = [
     # The strategies.
     "BFloat16", "ClipByGlobalNorm", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
-    "ParameterServer", "Replicated", "WorkerGroup",
+    "ParameterServer", "Replicated", "WorkerGroup", "replica_bytes",
     # Building and running the training step.
     "BN_MODES", "BnMode", "EvalGraph", "Evaluation", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
