@@ -147,3 +147,12 @@ def test_each_tower_holds_a_1_over_n_share_of_the_slots(num_towers):
         assert held["weights"] == unsharded[device]["weights"]
         assert held["gradients"] == unsharded[device]["gradients"] > 0
     assert sum(h["slots"] for h in got.values()) == whole
+
+
+def test_across_workers_it_is_refused_in_one_line():
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="across workers it is not"):
+        images, labels = helpers.image_batch(8)
+        towerlib.build_train_graph(
+            helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
+            update=SHARDED, workers=towerlib.WorkerGroup(2, 0))
