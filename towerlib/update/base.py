@@ -40,10 +40,14 @@ class CombinedGradients:
         replicated (tower 0's first, the variables in the same order).
       riders: per tower, the sums of the `riders` given to `combine`
         (carried by the gradients' exchange), else None.
+      owned: with a sharded update, every variable's (its owner's summed
+        gradient, tower 0's variable) once, in tower 0's order (what `reported`
+        gives; `per_copy` then holds each tower's owned pairs only); else None.
     """
 
     per_copy: List[List[tuple]]
     riders: Optional[List[list]] = None
+    owned: Optional[List[tuple]] = None
 
     @property
     def apply_pairs(self) -> List[tuple]:
@@ -52,13 +56,20 @@ class CombinedGradients:
 
     @property
     def reported(self) -> List[tuple]:
-        """Tower 0's pairs: the step's (gradient, variable) pairs, once."""
-        return self.per_copy[0]
+        """The step's (gradient, variable) pairs, once: tower 0's, or each owner's."""
+        return self.per_copy[0] if self.owned is None else self.owned
 
     def map_pairs(self, transform: Callable[[List[tuple]], List[tuple]]):
-        """The same structure with `transform` applied to each copy's pairs."""
+        """The same structure with `transform` applied to each copy's pairs (sharded:
+        to the owned pairs, which every copy's pairs are drawn from)."""
+        if self.owned is None:
+            return dataclasses.replace(
+                self, per_copy=[transform(pairs) for pairs in self.per_copy])
+        owned = transform(self.owned)
+        new = {id(old): gradient for (old, _), (gradient, _) in zip(self.owned, owned)}
         return dataclasses.replace(
-            self, per_copy=[transform(pairs) for pairs in self.per_copy])
+            self, owned=owned,
+            per_copy=[[(new[id(g)], v) for g, v in pairs] for pairs in self.per_copy])
 
 
 class VariableUpdate(abc.ABC):

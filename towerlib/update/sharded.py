@@ -24,7 +24,8 @@ run and back, onto any number of towers (the owners are recomputed; a slot is
 one variable by name, wherever it lives).
 """
 
-from typing import Dict, List
+import dataclasses
+from typing import Dict
 
 import tensorflow as tf
 
@@ -53,52 +54,54 @@ def owners_by_bytes(sizes: Dict[str, int], num_towers: int) -> Dict[str, int]:
 class ShardedUpdate(ReplicatedUpdate):
     """Replicated(shard_update=True)'s hooks for one build (towerlib.update.base).
 
-    Placement, the towers' gradients and their sum are Replicated's; `apply`
-    applies each weight's gradient on its owner only, then copies the result.
+    Placement and the towers' gradients are Replicated's; `combine` keeps each
+    weight's sum on its owner, `apply` applies it there, then copies the result.
     """
 
     name = "replicated"
 
     def __init__(self, num_towers, reducer, pack_bytes, wire_dtype=None):
         super().__init__(num_towers, reducer, pack_bytes, wire_dtype)
-        self.owners: Dict[str, int] = {}  # plain name -> owner tower, set by apply
+        self.owners: Dict[str, int] = {}  # plain name -> owner tower, set by combine
+
+    def combine(self, tower_grads_and_vars, riders=None):
+        """Replicated's sum; each tower then keeps the pairs of the weights it owns.
+
+        Only the owner's summed gradient is read afterwards (clipping's norm, the
+        loss scale's check, the apply), so with the graph transport the sum reaches
+        the owner alone: a reduce, not an all-reduce.
+        """
+        combined = super().combine(tower_grads_and_vars, riders)
+        tower_0 = combined.per_copy[0]
+        self.owners = owners_by_bytes({v.op.name: _bytes_of(v) for _, v in tower_0},
+                                      self._copies.num_towers)
+        per_tower = [[] for _ in combined.per_copy]
+        owned = []
+        for position, (_, variable) in enumerate(tower_0):
+            owner = self.owners[variable.op.name]
+            gradient, copy = combined.per_copy[owner][position]
+            per_tower[owner].append((gradient, copy))
+            owned.append((gradient, variable))
+        return dataclasses.replace(combined, per_copy=per_tower, owned=owned)
 
     def apply(self, optimizer, pairs, global_step):
         """The owners' apply, then every other copy set to its owner's new value."""
-        by_name = self._pairs_by_name(pairs)
-        self.owners = owners_by_bytes(
-            {name: _bytes_of(copies[0][1]) for name, copies in by_name.items()},
-            self._copies.num_towers)
-        owned = [copies[self.owners[name]] for name, copies in by_name.items()]
         scope = tf.compat.v1.get_variable_scope()
         with tf.compat.v1.variable_scope(scope, custom_getter=self._slot_on_owner,
                                          auxiliary_name_scope=False):
-            apply_op = optimizer.apply_gradients(owned, global_step=global_step)
+            apply_op = optimizer.apply_gradients(pairs, global_step=global_step)
         with tf.control_dependencies([apply_op]), tf.name_scope("gather_updated_shards"):
-            gathers = self._gathers(by_name)
+            gathers = self._gathers([variable for _, variable in pairs])
         return tf.group(apply_op, *gathers, name="sharded_apply")
 
-    def _pairs_by_name(self, pairs) -> Dict[str, List[tuple]]:
-        """{plain name: [tower t's (gradient, copy)]}, in the pairs' order."""
-        by_name: Dict[str, List[tuple]] = {}
-        for gradient, variable in pairs:
-            by_name.setdefault(variable_copies.plain_name(variable.op.name), []).append(
-                (gradient, variable))
-        for name, copies in by_name.items():
-            if len(copies) != self._copies.num_towers:
-                raise ValueError(f"Sharded update: {name} has {len(copies)} copies with a "
-                                 f"gradient, not {self._copies.num_towers}.")
-        return by_name
-
-    def _gathers(self, by_name):
-        """Every non-owner copy assigned its owner's updated value, on its own device."""
+    def _gathers(self, updated):
+        """Every other copy of each updated copy assigned its value, on its own device."""
         assigns = []
-        for name, owner in self.owners.items():
-            source = by_name[name][owner][1]
+        for source in updated:
             with tf.device(source.device):
                 value = source.read_value()
-            for tower, (_, copy) in enumerate(by_name[name]):
-                if tower != owner:
+            for copy in self._copies.copies_of(variable_copies.plain_name(source.op.name)):
+                if copy is not source:
                     with tf.device(copy.device):
                         assigns.append(copy.assign(value, read_value=False))
         return assigns
