@@ -156,3 +156,36 @@ def test_across_workers_it_is_refused_in_one_line():
             helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
             tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
             update=SHARDED, workers=towerlib.WorkerGroup(2, 0))
+
+
+TRUST_RATIO = {
+    "lars": lambda: towerlib.optimizers.LARSOptimizer(0.1, momentum=0.9, weight_decay=1e-4),
+    "lamb": lambda: towerlib.optimizers.LAMBOptimizer(0.01, weight_decay=1e-4),
+}
+
+
+@pytest.mark.parametrize("kind", ["lars", pytest.param("lamb", marks=SLOW)])
+def test_lars_and_lamb_see_whole_layers_and_match_bit_for_bit(monkeypatch, kind):
+    """Shards are whole variables, so a layer's trust ratio is the whole layer's."""
+    from tests.update import test_replicated
+    monkeypatch.setattr(test_replicated, "_optimizer", lambda _: TRUST_RATIO[kind]())
+    batch = helpers.image_batch(10, seed=9)
+    unsharded, _, _ = run(helpers.conv_bn_model, batch, kind, 3, "replicated")
+    got, _, _ = run(helpers.conv_bn_model, batch, kind, 3, SHARDED)
+    _assert_identical(got, unsharded)
+
+
+@pytest.mark.parametrize("precision", [
+    "bfloat16", pytest.param(towerlib.Float16(), marks=SLOW)])
+def test_half_precision_matches_bit_for_bit(monkeypatch, precision):
+    """The same half-precision towers and the same float32 update: no tolerance needed
+    (float16's loss scale, and its skip of an overflowing step, included)."""
+    from tests.update import test_replicated
+    weights = test_replicated._model_variables
+    monkeypatch.setattr(test_replicated, "_model_variables",  # not the loss scale's scalars
+                        lambda: [v for v in weights() if v.shape.rank])
+    batch = helpers.image_batch(10, seed=11)
+    unsharded, _, _ = run(helpers.conv_bn_model, batch, "adam", 2, "replicated",
+                          precision=precision)
+    got, _, _ = run(helpers.conv_bn_model, batch, "adam", 2, SHARDED, precision=precision)
+    _assert_identical(got, unsharded)
