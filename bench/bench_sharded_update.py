@@ -1,0 +1,131 @@
+"""The sharded update against Replicated(): step time and peak memory, 4 towers, Adam.
+
+    python bench/bench_sharded_update.py --repetitions=3
+
+A model of --million_parameters (default 50.3 M: four dense layers of 3,584 x 3,584
+and a small head) trains with AdamOptimizer on --towers virtual CPU towers at a small
+global batch (--global_batch), where the update's share of the step is largest.
+Each measurement runs in a fresh process (a process's peak resident set only grows),
+unsharded and sharded alternating over the repetitions; each process builds the
+step, initializes it, runs --warmup steps, times --steps steps (the median), and
+reports its peak resident set size (ru_maxrss) and what towerlib.replica_bytes reads
+from the graph. Reported: each configuration's medians, and sharded / unsharded.
+
+Not a test: numbers depend on the machine and on whatever else it runs.
+"""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("repetitions", 3, "Fresh-process measurements per configuration.")
+flags.DEFINE_integer("towers", 4, "Virtual CPU towers.")
+flags.DEFINE_integer("global_batch", 16, "Examples per step, all towers together.")
+flags.DEFINE_integer("width", 3584, "Width of the dense layers.")
+flags.DEFINE_integer("depth", 4, "Dense layers of width x width.")
+flags.DEFINE_integer("warmup", 2, "Steps before timing.")
+flags.DEFINE_integer("steps", 5, "Timed steps per process.")
+flags.DEFINE_string("measure", "", "Internal: 'sharded' or 'unsharded': one measurement, "
+                    "printed as JSON.")
+
+CONFIGURATIONS = ("unsharded", "sharded")
+
+
+def _dense_model(width, depth):
+    import tensorflow as tf
+
+    from towerlib import layers
+
+    def model(inputs, ctx):
+        del ctx
+        features, labels = inputs
+        hidden = features
+        for index in range(depth):
+            hidden = tf.nn.relu(layers.dense(hidden, width, name=f"dense{index}"))
+        logits = layers.dense(hidden, 10, name="logits")
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+    return model
+
+
+def measure(configuration):
+    """{'step_seconds', 'peak_rss_bytes', 'parameters', 'held'} of one fresh process."""
+    import numpy as np
+    import tensorflow as tf
+
+    import towerlib
+
+    update = towerlib.Replicated(shard_update=configuration == "sharded")
+    with tf.Graph().as_default():
+        rng = np.random.RandomState(0)
+        features = tf.constant(rng.randn(FLAGS.global_batch, FLAGS.width).astype(np.float32))
+        labels = tf.constant(rng.randint(0, 10, FLAGS.global_batch).astype(np.int32))
+        train = towerlib.build_train_graph(
+            _dense_model(FLAGS.width, FLAGS.depth), (features, labels),
+            tf.compat.v1.train.AdamOptimizer(1e-4), num_towers=FLAGS.towers,
+            device_type="cpu", update=update, summaries=False)
+        parameters = sum(v.shape.num_elements() for v in tf.compat.v1.trainable_variables())
+        held = towerlib.replica_bytes(train)
+        with tf.compat.v1.Session(config=towerlib.session_config(FLAGS.towers)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
+            for _ in range(FLAGS.warmup):
+                session.run(train.train_op)
+            times = []
+            for _ in range(FLAGS.steps):
+                start = time.perf_counter()
+                session.run(train.train_op)
+                times.append(time.perf_counter() - start)
+    return {"step_seconds": statistics.median(times),
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "parameters": parameters,
+            "slot_bytes_per_tower": max(h["slots"] for h in held.values())}
+
+
+def _run_fresh(configuration):
+    argv = [sys.executable, os.path.abspath(__file__), f"--measure={configuration}"] + [
+        f"--{name}={getattr(FLAGS, name)}" for name in
+        ("towers", "global_batch", "width", "depth", "warmup", "steps")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+    del argv
+    if FLAGS.measure:
+        print(json.dumps(measure(FLAGS.measure)))
+        return
+    results = {name: [] for name in CONFIGURATIONS}
+    for repetition in range(FLAGS.repetitions):
+        order = CONFIGURATIONS if repetition % 2 == 0 else CONFIGURATIONS[::-1]
+        for name in order:
+            results[name].append(_run_fresh(name))
+            print(name, results[name][-1], flush=True)
+    medians = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+               for name, runs in results.items()}
+    for name, values in medians.items():
+        print(f"{name}: {values['parameters'] / 1e6:.1f} M parameters, step "
+              f"{values['step_seconds']:.3f} s, peak RSS {values['peak_rss_bytes'] / 2**30:.2f}"
+              f" GiB, slots per tower {values['slot_bytes_per_tower'] / 2**20:.0f} MiB")
+    sharded, unsharded = medians["sharded"], medians["unsharded"]
+    print(f"sharded / unsharded: step time "
+          f"{sharded['step_seconds'] / unsharded['step_seconds']:.3f}, peak RSS "
+          f"{sharded['peak_rss_bytes'] / unsharded['peak_rss_bytes']:.3f}, slots per tower "
+          f"{sharded['slot_bytes_per_tower'] / unsharded['slot_bytes_per_tower']:.3f} "
+          f"({FLAGS.towers} towers, global batch {FLAGS.global_batch}, load "
+          f"{os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,29 @@
+"""bench/bench_sharded_update.py keeps running: a tiny model, one repetition, a report
+line with the ratios; and the sharded process holds fewer slot bytes per tower."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_a_tiny_run_reports_every_ratio():
+    env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(
+        [sys.executable, "bench/bench_sharded_update.py", "--repetitions=1", "--width=64",
+         "--depth=4", "--warmup=1", "--steps=1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = done.stdout.strip().splitlines()[-1]
+    ratios = re.match(r"sharded / unsharded: step time ([\d.]+), peak RSS ([\d.]+), "
+                      r"slots per tower ([\d.]+) \(4 towers", line)
+    assert ratios, line
+    assert 0.2 <= float(ratios.group(3)) <= 0.3  # 4 equal layers over 4 towers, and a head
