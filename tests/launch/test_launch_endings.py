@@ -161,3 +161,18 @@ def test_sigusr1_is_a_requeue_request_the_tasks_save_and_the_status_is_143(
     assert last == ("[launch] summary: stopped by SIGUSR1 (a requeue request: the tasks "
                     "got SIGTERM), status 143 after 0 restart(s)"), last
     assert_none_alive(record_dir)
+
+
+def test_a_task_past_the_stop_grace_is_named_with_the_stop_time(tmp_path):
+    """A survivor that does not exit on SIGTERM (as one blocked in a step whose peer is
+    gone) is SIGKILLed at --stop_grace_secs, and the launcher says so and how long the
+    stop took."""
+    flags = ["--fail", "worker:1:0:2", "--ignore_term", "--sleep", "60"]
+    result, _, err = launch(fake_command(tmp_path, *flags), stop_grace_secs=1.0)
+    assert result.status == 2
+    (note,) = [line for line in err.splitlines() if "did not exit within" in line]
+    stopped = float(re.search(r"every task stopped ([0-9.]+) s after it", note).group(1))
+    assert note.startswith("[launch] worker 0 did not exit within --stop_grace_secs 1 of "
+                           "the stop signal: SIGKILLed"), note
+    assert 1.0 <= stopped < 8.0, note
+    assert_none_alive(tmp_path)

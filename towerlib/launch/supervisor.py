@@ -268,10 +268,16 @@ class Launcher:
                                  f"{since}; cluster {cluster}")
                 failure = None if self.signal else self._watch(attempt)
             finally:   # a signal to the launcher was forwarded: no second one
-                children_lib.stop_children(self.children, self.stop_grace_secs,
-                                           None if self.signal else signal.SIGTERM,
-                                           watchdog=self.watchdog)
+                stopping = time.monotonic()
+                overdue = children_lib.stop_children(
+                    self.children, self.stop_grace_secs,
+                    None if self.signal else signal.SIGTERM, watchdog=self.watchdog)
                 self._end_orphans()
+        if overdue:
+            self.output.note(
+                f"{', '.join(child.task.name for child in overdue)} did not exit within "
+                f"--stop_grace_secs {self.stop_grace_secs:g} of the stop signal: "
+                f"SIGKILLed, every task stopped {time.monotonic() - stopping:.1f} s after it.")
         if failure is not None and not any(self.output.stepped(child.task)
                                            for child in self.children):
             self.output.note(f"attempt {attempt + 1} took no step: no task logged one "
