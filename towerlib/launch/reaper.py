@@ -166,12 +166,21 @@ def end_orphans(known, since):
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+            _reap(pid)
             ended.append(pid)
     return ended
+
+
+def _reap(pid, timeout_secs=5.0):
+    """Waits (bounded) for a SIGKILLed child `pid` to end and reaps it."""
+    deadline = time.monotonic() + timeout_secs
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] or time.monotonic() > deadline:
+                return
+        except ChildProcessError:   # reaped already, or not ours
+            return
+        time.sleep(0.01)
 
 
 def kill_session(session):
