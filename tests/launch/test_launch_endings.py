@@ -107,6 +107,28 @@ def test_a_daemon_that_left_its_session_is_ended_with_the_job(tmp_path, command)
             os.kill(daemon, signal.SIGKILL)
 
 
+def test_a_daemon_that_left_its_session_dies_with_a_sigkilled_launcher(
+        tmp_path, launchers):  # noqa: F811
+    """Seen by the launcher while the task runs, the daemon's session is the watchdog's
+    too: a SIGKILLed launcher leaves neither the task nor its daemon."""
+    command = DOUBLE_FORK[:-1] + [DOUBLE_FORK[-1].replace("time.sleep(0.5)",
+                                                          "time.sleep(120)")]
+    launcher = launchers(tmp_path, ["--workers", "1", "--", *command])
+    daemon = int(wait_until(lambda: re.search(r"^\[worker 0\] daemon (\d+)$",
+                                              launcher.out.read_text(), re.M), 60,
+                            "the daemon's pid").group(1))
+    try:
+        wait_until(lambda: f"left process(es) {daemon} outside its session"
+                   in launcher.err.read_text(), 20, "the launcher's note of the daemon")
+        launcher.process.kill()
+        launcher.process.wait(10)
+        wait_until(lambda: not alive(daemon), GONE_SECS, f"end of the daemon {daemon}")
+    finally:
+        launcher.close()
+        if alive(daemon):
+            os.kill(daemon, signal.SIGKILL)
+
+
 def watchdog_of(launcher_pid):
     """The pid of the launcher's watchdog: its child running `python -S -c`."""
     for name in os.listdir("/proc"):

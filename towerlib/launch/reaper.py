@@ -16,9 +16,12 @@ A process that leaves its session (a daemon's double fork and setsid()) is
 found another way: the launcher is a child subreaper (PR_SET_CHILD_SUBREAPER),
 so such a process, once its parent ends, becomes the launcher's child instead
 of init's; `end_orphans` SIGKILLs and reaps those at each attempt's end (the
-tasks' own children are never the launcher's). If the launcher itself is
-SIGKILLed while one runs, it goes to init, out of reach: only a cgroup (a
-scheduler's job) holds it then.
+tasks' own children are never the launcher's). While the tasks run, the
+launcher looks for such orphans every second (`orphan_sessions`) and tells the
+watchdog their sessions, so that they die with a SIGKILLed launcher too; one
+that the launcher has not seen yet (its first second) or whose parent still
+runs goes to init if the launcher is SIGKILLed: only a cgroup (a scheduler's
+job) holds it then.
 
 The watchdog may die before the launcher (a person's SIGKILL): the launcher
 checks it at every poll (`Watchdog.ensure`) and starts a new one that it tells
@@ -39,7 +42,7 @@ import sys
 import time
 
 __all__ = ["Watchdog", "become_subreaper", "end_orphans", "kill_session",
-           "session_members"]
+           "orphan_sessions", "session_members"]
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 
@@ -148,6 +151,16 @@ def _orphans(known, since):
             if fields and len(fields) > 19 and int(fields[1]) == me and \
                     int(fields[3]) != own_session and int(fields[19]) >= since:
                 found.append((int(name), fields[0]))
+    return found
+
+
+def orphan_sessions(known, since):
+    """{session id: [pids]} of the living orphans (_orphans) this subreaper holds."""
+    found = {}
+    for pid, state in _orphans(known, since):
+        fields = _stat_fields(pid)
+        if state not in ("Z", "X") and fields:
+            found.setdefault(int(fields[3]), []).append(pid)
     return found
 
 

@@ -146,6 +146,8 @@ class Launcher:
         self.failed_at = None   # monotonic time of the newest failure seen
         self.watchdog = None
         self._since = 0   # ticks: when run() began (reaper.end_orphans)
+        self._orphan_sessions = set()   # sessions of orphans the watchdog was told
+        self._orphans_looked_at = 0.0
 
     def forward_signal(self, signum):
         """From a signal handler: stop the job, forwarding `signum` to every task
@@ -284,10 +286,31 @@ class Launcher:
                              "(towerlib's 'step N, loss = ...' line) before it ended.")
         return failure
 
+    def _known_pids(self):
+        return {child.pid for child in self.children} | {self.watchdog.pid}
+
+    def _watch_orphans(self):
+        """Once a second: tells the watchdog the sessions of processes the tasks left
+        outside their own (reaper's module text), so that they die with the launcher."""
+        if time.monotonic() - self._orphans_looked_at < 1.0:
+            return
+        self._orphans_looked_at = time.monotonic()
+        for session, pids in reaper.orphan_sessions(self._known_pids(),
+                                                    self._since).items():
+            if session not in self._orphan_sessions:
+                self._orphan_sessions.add(session)
+                self.watchdog.opened(session)
+                self.output.note(f"a task left process(es) {', '.join(map(str, pids))} "
+                                 "outside its session (a daemon's setsid()): ended with "
+                                 "the attempt.")
+
     def _end_orphans(self):
         """Ends what the tasks left outside their sessions (reaper's module text)."""
-        known = {child.pid for child in self.children} | {self.watchdog.pid}
-        ended = reaper.end_orphans(known, self._since)
+        ended = reaper.end_orphans(self._known_pids(), self._since)
+        for session in list(self._orphan_sessions):
+            if not reaper.session_members(session):
+                self._orphan_sessions.discard(session)
+                self.watchdog.closed(session)
         if ended:
             self.output.note(f"ended {len(ended)} process(es) the tasks left outside their "
                              f"sessions (a daemon's setsid()): pid(s) "
@@ -312,6 +335,7 @@ class Launcher:
         while not self.signal:
             if self.watchdog.ensure():
                 self.output.note("the launcher's watchdog died; started a new one.")
+            self._watch_orphans()
             ended = [(child, child.status()) for child in self.children]
             failed = [(child, status) for child, status in ended if status not in (None, 0)]
             if failed:
