@@ -62,6 +62,12 @@ def check_flags():
     if FLAGS.eval_every > FLAGS.max_steps:
         fail(f"--eval_every={FLAGS.eval_every} is above --max_steps={FLAGS.max_steps}: "
              "no evaluation would run.")
+    if not 0 <= FLAGS.seed < 2**32:
+        fail(f"--seed={FLAGS.seed}: give an integer in 0..4294967295, e.g. 0.")
+    if FLAGS.train_dir and os.path.exists(FLAGS.train_dir) and \
+            not os.path.isdir(FLAGS.train_dir):
+        fail(f"--train_dir={FLAGS.train_dir} is a file: give a new folder (or none for a "
+             "temporary one).")
     if FLAGS.train_dir and os.path.isdir(FLAGS.train_dir) and os.listdir(FLAGS.train_dir):
         fail(f"--train_dir={FLAGS.train_dir} is not empty: the recipe runs from step 0; "
              "give a new folder (or none for a temporary one).")

@@ -1,12 +1,16 @@
 """The tower loop by hand, as TF 1's cifar10_multi_gpu_train.py wrote it; then through towerlib.
 
     python -m examples.tower_loop_by_hand     # trains both ways, prints how far apart they end
+    python -m examples.tower_loop_by_hand --num_towers=4 --steps=10   # 4 towers, 10 steps
 
 Part 1 is the classic data-parallel step on today's TensorFlow (tf.compat.v1, no tf.contrib,
 no tf.compat.v1.layers), on N virtual CPU devices. Part 2 is the same model through towerlib.
 From the same initial weights on the same global batches both end with the same weights
 and moving statistics (tests/examples/test_tower_loop_by_hand.py holds them to 1e-5).
 """
+
+import argparse
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -136,13 +140,48 @@ def largest_difference(a, b):
     return max(float(np.max(np.abs(a[name] - b[name]))) for name in a)
 
 
-if __name__ == "__main__":
-    by_hand, with_towerlib = train(train_op_by_hand), train(train_op_with_towerlib)
+def parse_flags(argv):
+    """--num_towers (dividing --global_batch) and --steps (>= 1); a wrong one is one line
+    on stderr and status 2."""
+    parser = argparse.ArgumentParser(prog="python -m examples.tower_loop_by_hand")
+    parser.add_argument("--num_towers", type=int, default=2, help="virtual CPU towers")
+    parser.add_argument("--steps", type=int, default=5, help="training steps each way")
+    parser.add_argument("--global_batch", type=int, default=32, help="examples a step")
+
+    def refuse(message):
+        sys.stderr.write(f"error: {message}\n")
+        raise SystemExit(2)
+
+    parser.error = lambda message: refuse(f"{message}. See --help for the flags.")
+    flags = parser.parse_args(argv)
+    if flags.num_towers < 1 or flags.steps < 1 or flags.global_batch < 1:
+        refuse(f"--num_towers={flags.num_towers} --steps={flags.steps} --global_batch="
+               f"{flags.global_batch}: each must be at least 1.")
+    if flags.global_batch % flags.num_towers:
+        refuse(f"--global_batch={flags.global_batch} does not split into "
+               f"--num_towers={flags.num_towers} equal shards (the loop by hand uses "
+               "tf.split). Fix: a tower count that divides the global batch.")
+    return flags
+
+
+def main(argv):
+    flags = parse_flags(argv)
+    run = dict(steps=flags.steps, num_towers=flags.num_towers,
+               global_batch=flags.global_batch)
+    by_hand, with_towerlib = train(train_op_by_hand, **run), \
+        train(train_op_with_towerlib, **run)
+    print(f"{flags.num_towers} towers, {flags.steps} step(s) of {flags.global_batch} "
+          "examples each way")
     print(f"first tower: {len(by_hand)} variables, largest difference "
           f"{largest_difference(by_hand, with_towerlib):.1e}")
-    all_by_hand = train(train_op_by_hand, bn_updates="all_towers")
-    all_towerlib = train(train_op_with_towerlib, bn_mode="all_towers")
+    all_by_hand = train(train_op_by_hand, bn_updates="all_towers", **run)
+    all_towerlib = train(train_op_with_towerlib, bn_mode="all_towers", **run)
     ratio = (np.linalg.norm(all_by_hand["bn1/moving_mean"])
              / np.linalg.norm(all_towerlib["bn1/moving_mean"]))
-    print(f"all towers: bn1's moving mean moved {ratio:.2f}x as far by hand (2 updates a "
-          "step, one per shard) as through towerlib (one update from the whole batch)")
+    print(f"all towers: bn1's moving mean moved {ratio:.2f}x as far by hand "
+          f"({flags.num_towers} updates a step, one per shard) as through towerlib (one "
+          "update from the whole batch)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -118,7 +118,9 @@ def main_defaults() -> dict:
 
 
 def run(args: dict, defaults: dict = None) -> dict:
-    """Trains, evaluates and exports; returns the figures printed at the end.
+    """Trains, evaluates and exports; returns the figures printed at the end, or, when a
+    signal stopped training, {'stopped': the planning.TrainResult, 'train_dir': ...}
+    without evaluating or exporting the unfinished run.
 
     Args:
       args: {flag: value} of the train flags given (the others: the recorded run's, else
@@ -128,6 +130,8 @@ def run(args: dict, defaults: dict = None) -> dict:
     defaults = defaults or main_defaults()
     train_dir = args.get("train_dir") or defaults["train_dir"]
     result = job.train(args, defaults)
+    if result.stop_signal:   # Ctrl-C or SIGTERM: an unfinished run is not evaluated
+        return {"stopped": result, "train_dir": train_dir}
     trained = time.time()
     evaluation = eval_lib.evaluate_latest(
         train_dir,
@@ -176,6 +180,10 @@ def folder_megabytes(path: str) -> float:
 def main():
     refuse_cluster(os.environ.get("TF_CONFIG", ""))
     figures = run(options.given(), options.defaults())
+    if "stopped" in figures:   # script_runner: "stopped by ...; rerun", status 128 + s
+        logger.info("Training stopped before its last step: the run is unfinished, so "
+                    "it is neither evaluated nor exported.")
+        return figures["stopped"]
     seconds = figures["seconds"]
     run_config = run_folder.load(figures["train_dir"])
     print("\n".join([

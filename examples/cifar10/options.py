@@ -236,6 +236,9 @@ def check_own_flags(flags_, make_model):
     """The example's own flags, which are no towerlib option: the model, the augmentation,
     the optimizer, the schedule, the data. Returns the model; raises FlagError."""
     from examples.cifar10 import input_pipeline, schedule  # TensorFlow's modules
+    if flags_.seed is not None and not 0 <= flags_.seed < 2**32:
+        raise flag_error("seed", flags_.seed, "the seed must be an integer in "
+                         "0..4294967295.", "e.g. --seed=1.")
     try:
         model = make_model(flags_.model, flags_.weight_decay, flags_.bn_momentum)
     except ValueError as error:

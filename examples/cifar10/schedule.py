@@ -93,9 +93,11 @@ def settings_problem(
     if not 0 < decay_factor <= 1:
         return ("lr_decay_factor", decay_factor, "the decay factor must be in (0, 1].")
     decay_epochs = [float(e) for e in decay_epochs]
-    if any(e <= 0 for e in decay_epochs) or decay_epochs != sorted(decay_epochs):
+    if any(e <= 0 for e in decay_epochs) or \
+            any(later <= earlier for earlier, later in zip(decay_epochs, decay_epochs[1:])):
         return ("lr_decay_epochs", decay_epochs,
-                "learning-rate decay epochs must be positive and ascending.")
+                "learning-rate decay epochs must be positive and strictly ascending (each "
+                "once).")
     if not warmup_epochs >= 0:
         return ("warmup_epochs", warmup_epochs, "the warm-up must be >= 0 epochs.")
     if decay_epochs and decay_epochs[0] < warmup_epochs:

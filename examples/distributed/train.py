@@ -32,6 +32,13 @@ workers may change between two runs on one --train_dir. Through ps tasks (whose
 variables every worker shares) and with --data_order=rows_by_step, step s uses
 rows (s * B + j) mod N for j < B = --global_batch_size, replica r its share.
 Either way any cluster layout sees the same global batch per step.
+
+To try a lost host (towerlib-launch --workers MIN:MAX), --exit_host_lost_at=1:10
+makes worker 1 end its process with status 69 right after global step 10:
+
+  towerlib-launch --workers 1:2 --max_restarts 2 -- python \
+      examples/distributed/train.py --variable_update=replicated \
+      --exit_host_lost_at=1:10 --train_dir=/tmp/elastic_train
 """
 
 import os
@@ -92,6 +99,49 @@ flags.DEFINE_float("step_deadline_secs", 300.0,
 flags.DEFINE_float("ps_restart_timeout_secs", 300.0,
                    "A worker whose ps task stopped answering during training waits "
                    "this long for it to restart, then fails naming the ps task.")
+flags.DEFINE_string("exit_host_lost_at", "",
+                    "WORKER:STEP, to try a lost host: worker WORKER (0 on one machine) "
+                    "ends its process with status 69 (towerlib.launch.HOST_LOST) right "
+                    "after global step STEP, saving nothing, as a task whose host is "
+                    "gone; a run resumed past STEP goes on. Empty: never.")
+
+HOST_LOST = 69   # towerlib.launch.HOST_LOST; this module imports no towerlib before the flags
+
+
+def _host_lost_rule(text):
+    """'1:10' -> (1, 10); '' -> None. Raises ValueError naming the fix."""
+    if not text:
+        return None
+    worker, _, step = text.partition(":")
+    if not (worker.isdigit() and step.isdigit() and int(step) >= 1):
+        raise ValueError("give WORKER:STEP, a worker index >= 0 and a global step >= 1, "
+                         "e.g. --exit_host_lost_at=1:10")
+    return int(worker), int(step)
+
+
+def _checked(check, message):
+    """An absl validator: check(value) true, else one line with `message`."""
+    def validate(value):
+        try:
+            return bool(check(value))
+        except (TypeError, ValueError):
+            return False
+    return validate, message
+
+
+flags.register_validator(
+    "learning_rate", *_checked(lambda rate: 0 < rate < float("inf"),
+                               "the learning rate must be a finite number > 0 (a "
+                               "negative rate climbs the loss). Fix: e.g. "
+                               "--learning_rate=0.1"))
+flags.register_validator(
+    "seed", *_checked(lambda seed: 0 <= seed < 2**32,
+                      "the seed must be an integer in 0..4294967295 (numpy's range). "
+                      "Fix: e.g. --seed=0"))
+flags.register_validator(
+    "exit_host_lost_at", *_checked(lambda text: _host_lost_rule(text) or True,
+                                   "give WORKER:STEP, a worker index >= 0 and a global "
+                                   "step >= 1, e.g. --exit_host_lost_at=1:10"))
 
 
 if __name__ == "__main__":
@@ -173,8 +223,36 @@ class PauseHook(tf.compat.v1.train.SessionRunHook):
         time.sleep(self.seconds)
 
 
-def extra_hooks():
-    return [PauseHook(FLAGS.sleep_secs_per_step)] if FLAGS.sleep_secs_per_step > 0 else []
+class HostLostHook(tf.compat.v1.train.SessionRunHook):
+    """--exit_host_lost_at: ends the process with status 69 right after global step
+    `at_step` (os._exit: nothing saved, nothing closed, as when a host is gone)."""
+
+    def __init__(self, at_step, task):
+        self.at_step, self.task = at_step, task
+        self.first_step = None
+
+    def begin(self):
+        self._global_step = tf.compat.v1.train.get_global_step()
+
+    def after_run(self, run_context, run_values):
+        step = run_context.session.run(self._global_step)
+        if self.first_step is None:
+            self.first_step = step
+        if step >= self.at_step and self.first_step <= self.at_step:
+            print(f"{self.task}: exiting {HOST_LOST} after step {step} "
+                  f"(--exit_host_lost_at={FLAGS.exit_host_lost_at}), as a task whose "
+                  "host is lost: nothing saved.", flush=True)
+            sys.stderr.flush()
+            os._exit(HOST_LOST)
+
+
+def extra_hooks(worker_index=0, task="one machine"):
+    """The hooks the flags ask for: a pause after each step, a lost host."""
+    hooks = [PauseHook(FLAGS.sleep_secs_per_step)] if FLAGS.sleep_secs_per_step > 0 else []
+    rule = _host_lost_rule(FLAGS.exit_host_lost_at)
+    if rule is not None and rule[0] == worker_index:
+        hooks.append(HostLostHook(rule[1], task))
+    return hooks
 
 
 def train_one_machine():
@@ -219,7 +297,7 @@ def train_replica(cluster):
             update=towerlib.Replicated() if allreduce else towerlib.ParameterServer())
         return cluster_lib.run_distributed_training(
             graph, server, train_dir=FLAGS.train_dir, max_steps=FLAGS.max_steps,
-            hooks=extra_hooks(), startup_timeout_secs=FLAGS.startup_timeout_secs,
+            hooks=extra_hooks(cluster.replica_index, task_name(cluster)), startup_timeout_secs=FLAGS.startup_timeout_secs,
             ps_restart_timeout_secs=FLAGS.ps_restart_timeout_secs,
             step_deadline_secs=FLAGS.step_deadline_secs,
             log_every_n_steps=FLAGS.log_every_n_steps,

@@ -77,3 +77,32 @@ def test_the_lesson_runs_as_the_page_shows():
     assert float(first.rsplit(" ", 1)[1]) < 1e-5
     ratio = float(all_towers.split("moved ")[1].split("x as far")[0])
     assert 1.8 < ratio < 2.2  # two updates a step by hand, one through towerlib
+
+
+@pytest.mark.slow  # trains four times in a fresh process
+def test_the_lesson_honours_its_flags():
+    root = pathlib.Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.tower_loop_by_hand", "--num_towers=4", "--steps=1"],
+        cwd=root, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": helpers.python_path(root), "TF_CPP_MIN_LOG_LEVEL": "2",
+             "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    ran, first, all_towers = result.stdout.splitlines()[-3:]
+    assert ran == "4 towers, 1 step(s) of 32 examples each way"
+    assert float(first.rsplit(" ", 1)[1]) < 1e-5
+    ratio = float(all_towers.split("moved ")[1].split("x as far")[0])
+    assert 3.6 < ratio < 4.4 and "(4 updates a step" in all_towers, all_towers
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--num_towers=3"], "--global_batch=32 does not split into --num_towers=3 equal"),
+    (["--steps=0"], "each must be at least 1"),
+    (["--num_towers=x"], "argument --num_towers: invalid int value: 'x'"),
+])
+def test_a_wrong_flag_of_the_lesson_is_one_line_and_status_2(capsys, argv, words):
+    with pytest.raises(SystemExit) as ended:
+        lesson.parse_flags(argv)
+    assert ended.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and words in line, line

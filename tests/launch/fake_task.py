@@ -7,6 +7,7 @@
 pid of its grandchild (a `sleep` in its process group, with --grandchild).
 --fail JOB:INDEX:RESTART:STATUS exits with STATUS as that task on that restart
 (TOWERLIB_LAUNCH_RESTART); STATUS 137 or 143 kills itself by that signal.
+--steps N: prints N lines of towerlib's progress line ('step i, loss = ...') first.
 --stop_secs S: SIGINT or SIGTERM is written to DIR/<job>-<index>-signals.txt, and
 S seconds later the task exits 128 + the first signal (a clean stop that saves).
 --bind listens on its own TF_CONFIG address as TensorFlow's server does
@@ -70,6 +71,7 @@ def main():
     parser.add_argument("--ignore_term", action="store_true")
     parser.add_argument("--stop_secs", type=float, default=None)
     parser.add_argument("--probe_peers", action="store_true")
+    parser.add_argument("--steps", type=int, default=0)
     args = parser.parse_args()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -100,6 +102,9 @@ def main():
         stream = sys.stdout if i % 2 == 0 else sys.stderr
         stream.write(f"line {i} of {job} {index} " + "x" * 5000 + " end\n")
         stream.flush()
+    for step in range(1, args.steps + 1):
+        print(f"I1129 00:00:00.0 1 hooks.py:113] step {step}, loss = 0.5000, 0.010 "
+              "sec/batch", flush=True)
     for rule in args.fail:
         rule_job, rule_index, rule_restart, status = rule.split(":")
         if (rule_job, int(rule_index), rule_restart) == (job, index, restart):

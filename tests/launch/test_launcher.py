@@ -140,7 +140,9 @@ def test_a_lost_host_ends_a_fixed_size_job_with_its_status(tmp_path):
     assert result.status == 69 and result.restarts == 0
     assert result.summary() == (
         "summary: attempt 1: worker 1 exited 69 (its host is lost), its last line: "
-        "'worker 1 fails with 69'; failed, status 69 after 0 restart(s)")
+        "'worker 1 fails with 69'; a fixed --workers 2 never restarts on 69 (a lost "
+        "host); --workers MIN:2 (MIN < 2) would restart on the workers that remain; "
+        "failed, status 69 after 0 restart(s)")
     assert_none_alive(tmp_path)
 
 

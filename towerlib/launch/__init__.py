@@ -7,7 +7,8 @@ Each task gets its TF_CONFIG (worker 0 is the chief; ps tasks for the
 parameter-server layout), which towerlib.cluster.resolve_cluster reads, on
 ports the launcher holds until the task binds them. Every output line is
 prefixed with its task. SIGINT and SIGTERM are forwarded to every task
-(SIGHUP, a closed terminal, as SIGTERM); no process a task started outlives
+(SIGHUP, a closed terminal, and SIGUSR1, a scheduler's requeue warning, as
+SIGTERM; SIGUSR1's status is 143); no process a task started outlives
 the launcher, even a SIGKILLed one. A task that exits with a status of
 towerlib.cluster.RESTART_STATUSES (138 a lost peer, 137, 143) stops every
 other task, and the whole job restarts on new ports, up to --max_restarts;

@@ -95,7 +95,8 @@ def stop_children(children, grace_secs, signum=signal.SIGTERM, watchdog=None):
     already, and towerlib's scripts take a second signal as 'stop now, unsaved'), up
     to `grace_secs` for them to exit, then SIGKILL to every process of every child's
     session; reaps each, and tells `watchdog` (a reaper.Watchdog) which sessions are
-    empty. Bounded: returns within grace_secs + a few seconds whatever they do."""
+    empty. Bounded: returns within grace_secs + a few seconds whatever they do.
+    Returns the children still running at the grace's end (SIGKILLed then)."""
     for child in children:
         if signum is not None and child.status() is None:
             signal_child(child, signum)
@@ -103,6 +104,7 @@ def stop_children(children, grace_secs, signum=signal.SIGTERM, watchdog=None):
     while any(child.status() is None for child in children) and \
             time.monotonic() < deadline:
         time.sleep(0.05)
+    overdue = [child for child in children if child.status() is None]
     for child in children:
         signal_child(child, signal.SIGKILL)
     for child in children:
@@ -115,3 +117,4 @@ def stop_children(children, grace_secs, signum=signal.SIGTERM, watchdog=None):
             watchdog.closed(child.pid)
     for child in children:
         child.join_readers(timeout_secs=1.0)
+    return overdue

@@ -9,8 +9,9 @@
 
 Everything after `--` is the task's command. The launcher's exit status is 0
 when every task ended 0, else the first failure's status (128 + s when the
-launcher was stopped by signal s: SIGINT, SIGTERM, SIGHUP). A wrong option is
-one line, status 2.
+launcher was stopped by signal s: SIGINT, SIGTERM, SIGHUP; 143 for SIGUSR1, a
+scheduler's requeue warning, which reaches the tasks as SIGTERM). A wrong option
+is one line, status 2.
 
 The tasks' TensorFlow servers listen on every interface with no authentication;
 the launcher says so in one line, and `--private_network` runs a one-host job
@@ -32,7 +33,9 @@ __all__ = ["main", "parse_args"]
 
 PROG = "towerlib-launch"
 # SIGHUP (a closed terminal) is a stop like SIGTERM: forwarded, summarized, 129.
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGUSR1 (Slurm's --signal=USR1@N before a time limit) too, forwarded as SIGTERM so
+# that the tasks save, and 143: its own 128 + 10 = 138 would say "restart me".
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 class UsageError(ValueError):

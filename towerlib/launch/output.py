@@ -5,15 +5,20 @@ come; a line is written with one write() under one lock, then flushed, so
 lines of different tasks never mix mid-line (pytorch#60911) and a task's
 stdout and stderr stay in the order the launcher read them. A task's last
 line (of either stream) is kept for the summary, also for tasks whose
-output is not shown (--tasks).
+output is not shown (--tasks), and so is whether it logged a training step
+(towerlib's progress line, 'step N, loss = ...', STEP_LINE), so that the
+launcher can say when an attempt took no step at all.
 """
 
+import re
 import sys
 import threading
 
-__all__ = ["LAUNCHER_PREFIX", "Output"]
+__all__ = ["LAUNCHER_PREFIX", "Output", "STEP_LINE"]
 
 LAUNCHER_PREFIX = b"[launch] "
+# towerlib's progress line ('step 12, loss = 0.41, 0.2 sec/batch'; 'step 12/625, ...').
+STEP_LINE = re.compile(r"\bstep \d+\b[^,]{0,20}, loss = ")
 
 
 class Output:
@@ -30,6 +35,7 @@ class Output:
         self._shown = shown
         self._lock = threading.Lock()
         self._last_lines = {}
+        self._stepped = set()
 
     def _write(self, stream, data):
         with self._lock:
@@ -49,8 +55,11 @@ class Output:
         """Writes one line of `task`'s (bytes, with or without its newline)."""
         line = line.rstrip(b"\r\n")
         if line.strip():
+            text = line.decode("utf-8", "replace")
             with self._lock:
-                self._last_lines[task] = line.decode("utf-8", "replace")
+                self._last_lines[task] = text
+                if task not in self._stepped and STEP_LINE.search(text):
+                    self._stepped.add(task)
         if self._shown is None or task in self._shown:
             prefix = f"[{task.name}] ".encode()
             self._write(self._stderr if to_stderr else self._stdout, prefix + line + b"\n")
@@ -60,10 +69,16 @@ class Output:
         with self._lock:
             return self._last_lines.get(task, "")
 
+    def stepped(self, task):
+        """Whether `task` logged a training step (STEP_LINE) since it was forgotten."""
+        with self._lock:
+            return task in self._stepped
+
     def forget(self, task):
-        """Drops `task`'s last line (a restarted task starts a new one)."""
+        """Drops `task`'s last line and steps (a restarted task starts new ones)."""
         with self._lock:
             self._last_lines.pop(task, None)
+            self._stepped.discard(task)
 
     def follow(self, task, stream, to_stderr=False):
         """Starts a daemon thread copying `stream`'s lines until its end; returns it."""

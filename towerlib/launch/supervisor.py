@@ -8,10 +8,11 @@ watch them. It ends when
   - a task exited non-zero (a ps task too): the first failure. Tasks seen
     ending in the same poll are ranked so that the cause is named rather than
     its echo (a peer's 138 after a SIGKILL);
-  - the launcher got SIGINT, SIGTERM or SIGHUP: forwarded at once to every
-    task (SIGHUP as SIGTERM: a closed terminal is a stop, and a task saves on
-    SIGTERM; few tasks handle SIGHUP); the launcher's status is 128 + the
-    signal it got (129 for SIGHUP).
+  - the launcher got SIGINT, SIGTERM, SIGHUP or SIGUSR1: forwarded at once to
+    every task (SIGHUP and SIGUSR1 as SIGTERM: a closed terminal is a stop, and
+    Slurm's --signal=USR1@N a warning to save before the job is requeued; a task
+    saves on SIGTERM); the launcher's status is 128 + the signal it got (129 for
+    SIGHUP), but 143 for SIGUSR1, whose 138 means "a lost peer, restart".
 Every attempt ends through children.stop_children (SIGTERM, a grace, SIGKILL
 to every process of every task's session), whatever path it takes, exceptions
 included; a reaper.Watchdog does the same if the launcher dies.
@@ -39,10 +40,20 @@ from towerlib.launch import plan as plan_lib
 from towerlib.launch import ports as ports_lib
 from towerlib.launch import reaper, statuses
 
-__all__ = ["Failure", "JobResult", "Launcher", "RESTART_VARIABLE"]
+__all__ = ["AS_SIGTERM", "Failure", "JobResult", "Launcher", "RESTART_VARIABLE", "stop_status"]
 
 # Each task's environment says which restart it belongs to (0 for the first start).
 RESTART_VARIABLE = "TOWERLIB_LAUNCH_RESTART"
+# Signals to the launcher that reach the tasks as SIGTERM (they save on it): SIGHUP, a
+# closed terminal; SIGUSR1, a scheduler's warning before a time limit or a preemption
+# (Slurm's --signal=USR1@N), a request to save and be requeued.
+AS_SIGTERM = (signal.SIGHUP, signal.SIGUSR1)
+
+
+def stop_status(signum):
+    """The launcher's status when stopped by `signum`: 128 + signum, but 143 (SIGTERM's)
+    for SIGUSR1: its 138 would read as towerlib's 'a lost peer, restart every task'."""
+    return 128 + (signal.SIGTERM if signum == signal.SIGUSR1 else signum)
 _LINE_CHARS = 240
 
 
@@ -81,10 +92,17 @@ class JobResult:
         parts = [f"attempt {f.attempt + 1}{size(f.workers)}: {f.describe()}"
                  for f in self.failures]
         parts += self.notes
-        end = (f"stopped by {signal.Signals(self.signal).name}" if self.signal else
+        requeue = " (a requeue request: the tasks got SIGTERM)" \
+            if self.signal == signal.SIGUSR1 else ""
+        end = (f"stopped by {signal.Signals(self.signal).name}{requeue}" if self.signal else
                "done" if self.status == 0 else "failed") + size(self.workers)
         parts.append(f"{end}, status {self.status} after {self.restarts} restart(s)")
         return "summary: " + "; ".join(parts)
+
+
+def _budget_spent(max_restarts):
+    return (f"the restart budget ran out: --max_restarts {max_restarts} used up"
+            if max_restarts else "no restart allowed: --max_restarts 0")
 
 
 def _workers(count):
@@ -127,12 +145,15 @@ class Launcher:
         self.signal = 0
         self.failed_at = None   # monotonic time of the newest failure seen
         self.watchdog = None
+        self._since = 0   # ticks: when run() began (reaper.end_orphans)
+        self._orphan_sessions = set()   # sessions of orphans the watchdog was told
+        self._orphans_looked_at = 0.0
 
     def forward_signal(self, signum):
         """From a signal handler: stop the job, forwarding `signum` to every task
         (SIGHUP as SIGTERM). A second signal SIGKILLs every task at once."""
         sent = signal.SIGKILL if self.signal else \
-            signal.SIGTERM if signum == signal.SIGHUP else signum
+            signal.SIGTERM if signum in AS_SIGTERM else signum
         self.signal = self.signal or signum
         for child in list(self.children):
             children_lib.signal_child(child, sent)
@@ -140,10 +161,14 @@ class Launcher:
     def run(self):
         """Runs the job to its end; returns a JobResult (its status is the launcher's)."""
         self.watchdog = reaper.Watchdog()
+        self._since = reaper.now_ticks()
+        was_subreaper = reaper.become_subreaper()
         try:
             return self._run()
         finally:
             self.watchdog.close()
+            if not was_subreaper:
+                reaper.stop_being_subreaper()
 
     def _run(self):
         result = JobResult(elastic=self.min_workers < self.plan.workers)
@@ -155,7 +180,7 @@ class Launcher:
             result.workers = size
             attempt += 1
             if self.signal:
-                result.signal, result.status = self.signal, 128 + self.signal
+                result.signal, result.status = self.signal, stop_status(self.signal)
                 return result
             if failure is None:
                 return result
@@ -180,8 +205,21 @@ class Launcher:
                 self.output.note(f"{failure.describe()}; every task stopped, restarting "
                                  f"the job{on} ({result.restarts} of {self.max_restarts}).")
                 continue
+            result.notes += self._why_no_restart(failure, result)
             result.status = failure.status
             return result
+
+    def _why_no_restart(self, failure, result):
+        """The summary's words on why a failure ended the job: a restart budget used up,
+        or a fixed-size job's 69, which only --workers MIN:MAX restarts on."""
+        if failure.status == statuses.HOST_LOST and not result.elastic:
+            count = self.plan.workers
+            return [f"a fixed --workers {count} never restarts on {statuses.HOST_LOST} (a "
+                    f"lost host); --workers MIN:{count} (MIN < {count}) would restart on "
+                    "the workers that remain"]
+        if statuses.is_restartable(failure.status):
+            return [_budget_spent(self.max_restarts)]
+        return []
 
     def _after_lost_hosts(self, failure, remaining, lost, result):
         """The size of the restart on the `remaining` workers, or None: the job ends
@@ -190,6 +228,8 @@ class Launcher:
             result.notes.append(f"{_workers(remaining)} left after {lost} lost host(s), "
                                 f"fewer than the {self.min_workers} --workers asks for "
                                 "at least")
+        elif result.restarts >= self.max_restarts:
+            result.notes.append(_budget_spent(self.max_restarts))
         if remaining < self.min_workers or result.restarts >= self.max_restarts:
             result.status = statuses.HOST_LOST
             return None
@@ -228,11 +268,53 @@ class Launcher:
                     f"{self.plan.workers}: "
                 self.output.note(f"attempt {attempt + 1}: started {size}{self._started()}"
                                  f"{since}; cluster {cluster}")
-                return None if self.signal else self._watch(attempt)
+                failure = None if self.signal else self._watch(attempt)
             finally:   # a signal to the launcher was forwarded: no second one
-                children_lib.stop_children(self.children, self.stop_grace_secs,
-                                           None if self.signal else signal.SIGTERM,
-                                           watchdog=self.watchdog)
+                stopping = time.monotonic()
+                overdue = children_lib.stop_children(
+                    self.children, self.stop_grace_secs,
+                    None if self.signal else signal.SIGTERM, watchdog=self.watchdog)
+                self._end_orphans()
+        if overdue:
+            self.output.note(
+                f"{', '.join(child.task.name for child in overdue)} did not exit within "
+                f"--stop_grace_secs {self.stop_grace_secs:g} of the stop signal: "
+                f"SIGKILLed, every task stopped {time.monotonic() - stopping:.1f} s after it.")
+        if failure is not None and not any(self.output.stepped(child.task)
+                                           for child in self.children):
+            self.output.note(f"attempt {attempt + 1} took no step: no task logged one "
+                             "(towerlib's 'step N, loss = ...' line) before it ended.")
+        return failure
+
+    def _known_pids(self):
+        return {child.pid for child in self.children} | {self.watchdog.pid}
+
+    def _watch_orphans(self):
+        """Once a second: tells the watchdog the sessions of processes the tasks left
+        outside their own (reaper's module text), so that they die with the launcher."""
+        if time.monotonic() - self._orphans_looked_at < 1.0:
+            return
+        self._orphans_looked_at = time.monotonic()
+        for session, pids in reaper.orphan_sessions(self._known_pids(),
+                                                    self._since).items():
+            if session not in self._orphan_sessions:
+                self._orphan_sessions.add(session)
+                self.watchdog.opened(session)
+                self.output.note(f"a task left process(es) {', '.join(map(str, pids))} "
+                                 "outside its session (a daemon's setsid()): ended with "
+                                 "the attempt.")
+
+    def _end_orphans(self):
+        """Ends what the tasks left outside their sessions (reaper's module text)."""
+        ended = reaper.end_orphans(self._known_pids(), self._since)
+        for session in list(self._orphan_sessions):
+            if not reaper.session_members(session):
+                self._orphan_sessions.discard(session)
+                self.watchdog.closed(session)
+        if ended:
+            self.output.note(f"ended {len(ended)} process(es) the tasks left outside their "
+                             f"sessions (a daemon's setsid()): pid(s) "
+                             f"{', '.join(map(str, ended))}.")
 
     def _started(self):
         return ", ".join(f"{child.task.name} (pid {child.pid})" for child in self.children)
@@ -251,6 +333,9 @@ class Launcher:
         """Polls the tasks until the attempt's end (module text); bounded by the tasks."""
         workers_done_at = None
         while not self.signal:
+            if self.watchdog.ensure():
+                self.output.note("the launcher's watchdog died; started a new one.")
+            self._watch_orphans()
             ended = [(child, child.status()) for child in self.children]
             failed = [(child, status) for child, status in ended if status not in (None, 0)]
             if failed:
