@@ -4,12 +4,13 @@ When one of these fails after a TensorFlow upgrade, the message names the
 internal and the towerlib module that depends on it: fix that one module.
 """
 
+import os
 
 import pytest
 import tensorflow as tf
 
 import towerlib
-from towerlib.internals import collective_ops, error_texts, graph_edit
+from towerlib.internals import checkpoint_files, collective_ops, error_texts, graph_edit
 
 
 def _broken(internal, module, detail):
@@ -134,6 +135,51 @@ def test_collective_timeout_message():
     if not error_texts.is_collective_timeout(raised.value.message):
         _broken("the text of a collective op's own timeout", "error_texts",
                 raised.value.message)
+
+
+def _save_into_a_blocked_prefix(tmp_path, sharded):
+    """Saves where the final index path is a folder, so the last rename fails."""
+    with tf.Graph().as_default():
+        variable = tf.compat.v1.get_variable("v", [3])
+        saver = tf.compat.v1.train.Saver(sharded=sharded)
+        os.makedirs(tmp_path / "m-1.index" / "blocked")
+        with tf.compat.v1.Session() as session:
+            session.run(variable.initializer)
+            with pytest.raises(tf.errors.OpError):
+                saver.save(session, str(tmp_path / "m"), global_step=1,
+                           write_meta_graph=False)
+    return sorted(os.listdir(tmp_path))
+
+
+def test_tensor_bundle_temporary_name(tmp_path):
+    names = _save_into_a_blocked_prefix(tmp_path, sharded=False)
+    temporaries = [n for n in names if n not in ("m-1.index", "m-1.data-00000-of-00001")]
+    if not temporaries or not all(map(checkpoint_files.is_tensorflow_leftover, temporaries)):
+        _broken("the '<file>.tempstate<digits>' name of the tensor-bundle writer",
+                "checkpoint_files", f"files left: {names}")
+
+
+def test_sharded_saver_temporary_folder(tmp_path):
+    names = _save_into_a_blocked_prefix(tmp_path, sharded=True)
+    if "m-1_temp" not in names or not checkpoint_files.is_tensorflow_leftover("m-1_temp"):
+        _broken("the '<prefix>_temp' folder of a sharded Saver", "checkpoint_files",
+                f"files left: {names}")
+
+
+def test_state_file_temporary_name(tmp_path, monkeypatch):
+    from tensorflow.python.lib.io import file_io
+
+    sources = []
+    original = file_io.rename
+    monkeypatch.setattr(file_io, "rename",
+                        lambda source, *args, **kwargs: (sources.append(source),
+                                                         original(source, *args, **kwargs)))
+    tf.compat.v1.train.update_checkpoint_state(str(tmp_path), str(tmp_path / "m-1"))
+    names = [os.path.basename(s) for s in sources]
+    if not names or not all(map(checkpoint_files.is_tensorflow_leftover, names)):
+        _broken("the '<name>.tmp<32 hex>' name of atomic_write_string_to_file",
+                "checkpoint_files", f"renamed from: {names}")
+    assert not checkpoint_files.is_tensorflow_leftover("model.ckpt-10.index")
 
 
 def test_assert_message_format():
