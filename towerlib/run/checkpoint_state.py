@@ -20,6 +20,7 @@ import re
 
 import tensorflow as tf
 
+from towerlib.internals import checkpoint_files as tensorflow_files
 from towerlib.run import durable_files, run_entries
 from towerlib.run.run_entries import CheckpointError  # noqa: F401  (defined there, named here)
 
@@ -34,10 +35,10 @@ _FOREIGN_LOGGED = set()  # (train_dir, prefixes) already said: one line, not one
 _DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 _STEP_SUFFIX = re.compile(r"-(\d+)$")
 
-# What towerlib's writer leaves in SAVING_DIRNAME: a save's files (TensorFlow's
-# temporaries and '_temp' folder included), the journal, the state's temporaries.
-_STAGED = re.compile(r"^[^/]+-\d+(_temp(_[0-9a-f]+)?|\.(index|meta|data-\d{5}-of-\d{5})"
-                     r"(\.tempstate\d+|\.tmp[0-9a-f]{32})?)$")
+# What towerlib's writer leaves in SAVING_DIRNAME: a save's files, TensorFlow's
+# temporaries of them (towerlib.internals.checkpoint_files), the journal, the state's
+# temporaries.
+_SAVE_OF_A_STEP = re.compile(r"^[^/]+-\d+(\.|_temp)")
 _CHECKPOINT_FILE = re.compile(r"^[^/]+-\d+\.(index|meta|data-\d{5}-of-\d{5})$")
 _OWN_TEMPORARY = re.compile(r"^(checkpoint|publishing)\.tmp-[0-9a-f]{32}$")
 
@@ -47,8 +48,9 @@ _OWN_TEMPORARY = re.compile(r"^(checkpoint|publishing)\.tmp-[0-9a-f]{32}$")
 
 def staged_name(name):
     """Whether `name` is one towerlib's writer gives an entry of SAVING_DIRNAME."""
-    return (name == JOURNAL_FILENAME
-            or bool(_STAGED.match(name) or _OWN_TEMPORARY.match(name)))
+    if name == JOURNAL_FILENAME or _OWN_TEMPORARY.match(name) or _CHECKPOINT_FILE.match(name):
+        return True
+    return tensorflow_files.is_tensorflow_leftover(name) and bool(_SAVE_OF_A_STEP.match(name))
 
 
 def run_folder_name(name):
