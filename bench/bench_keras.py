@@ -12,6 +12,12 @@ towers. A model named 'name@bfloat16' is built with precision=bfloat16 (for
 a Keras model: its mixed_bfloat16 policy) and also compared with 'name' in
 float32. Data are random constants: only the time matters.
 
+bfloat16 against float32, towerlib.layers and Keras in one interleaved run
+(docs/precision.md, "When bfloat16 pays"; the header names the CPU's bfloat16 flags):
+
+    flock /tmp/towerlib-bench.lock python bench/bench_keras.py --towers=4 \
+        --models=resnet20,resnet20@bfloat16,keras_resnet20,keras_resnet20@bfloat16
+
 Not a test: numbers depend on the machine and on whatever else it runs.
 """
 
@@ -33,6 +39,7 @@ import towerlib  # noqa: E402
 from bench import targets  # noqa: E402
 from bench.stepped import SteppedGraph, interleaved_samples  # noqa: E402
 from examples.cifar10.models import make_model  # noqa: E402
+from towerlib.precision import cpu_units  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("towers", ["4"], "Tower counts to measure.")
@@ -84,6 +91,10 @@ def main(argv):
           f"update={FLAGS.update}, Momentum, {os.cpu_count()} cores; median of "
           f"{FLAGS.repetitions} interleaved repetitions x {FLAGS.steps_per_repetition} "
           f"steps; load average at start {os.getloadavg()[0]:.1f}")
+    flags = cpu_units.cpu_flags()
+    print("CPU bfloat16 flags: " + ("unknown (no /proc/cpuinfo)" if flags is None else
+                                    " ".join(sorted(flags & cpu_units.BFLOAT16_FLAGS))
+                                    or "none"))
     print(f"| towers | model | s/step | / {baseline} | / {baseline} per repetition, median "
           "(middle half) | build s | graph nodes |")
     print("|" + " --- |" * 7)

@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from tests import durations
 from tests.distributed_processes import ProcessGroup
 from tests.fault_scripts.runner import ProcessPool
 
@@ -34,6 +35,14 @@ def pytest_collection_finish(session):
     collections during the tests walk only what the tests make."""
     gc.collect()
     gc.freeze()
+
+
+def pytest_configure(config):
+    """With TOWERLIB_RECORD_DURATIONS=<file>, the run records its modules' seconds there
+    (tests/durations.py); only in the controlling process, which sees every report."""
+    path = os.environ.get(durations.RECORD_ENV)
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(durations.DurationRecorder(path), "towerlib-durations")
 
 
 @pytest.fixture
@@ -71,107 +80,16 @@ def processes(tmp_path, request):
 # after another at the end of the run while the other core was idle. So each slice is made
 # to hold about the same seconds of tests, with its longest modules first: what is stolen
 # at the end is short. A module stays in one piece (its module-scoped fixtures, such as a
-# trained run folder, are built once). Seconds of each module: its tests' durations, summed,
-# as pytest's JUnit report gave them for one run of the whole suite on 2 shared cores under
-# a load of 5-8, less what was cut from the module since (a newer module: timed alone, x 1.4).
-# A module not listed counts SLOW_TEST_SECS per test marked slow and FAST_TEST_SECS per other
-# test; one is listed when that count would be 5 s or more off.
-MODULE_SECS = {
-    "tests/cluster/test_ray_elastic.py": 234,
-    "tests/cluster/test_resized_runs.py": 196,
-    "tests/cluster/test_allreduce_training.py": 192,
-    "tests/examples/test_cifar10_scripts.py": 173,
-    "tests/examples/test_cifar10_run_folder.py": 159,
-    "tests/examples/test_cifar10_replicated.py": 155,
-    "tests/keras/test_keras_applications.py": 145,
-    "tests/examples/test_cifar10_exact_runs.py": 132,
-    "tests/cluster/test_allreduce_faults.py": 130,
-    "tests/cluster/test_ray_train.py": 121,
-    "tests/examples/test_launching_snippets.py": 121,
-    "tests/bench/test_bench_multiworker.py": 120,
-    "tests/examples/test_cifar10_precision.py": 116,
-    "tests/bench/test_bench_smoke.py": 110,
-    "tests/launch/test_launch_elastic.py": 110,
-    "tests/cluster/test_distributed_ps_faults.py": 105,
-    "tests/examples/test_cifar10_train.py": 101,
-    "tests/keras/test_keras_as_keras.py": 100,
-    "tests/cluster/test_allreduce_cifar10.py": 99,
-    "tests/keras/test_keras_fine_tuning_lesson.py": 92,
-    "tests/batchnorm/test_sync_batch_norm.py": 80,
-    "tests/cluster/test_distributed_training.py": 79,
-    "tests/keras/test_keras_tower.py": 79,
-    "tests/step/test_accumulation.py": 71,
-    "tests/update/test_replicated.py": 71,
-    "tests/examples/test_cifar10_distributed.py": 69,
-    "tests/launch/test_launch_end_to_end.py": 66,
-    "tests/cluster/test_distributed_script_errors.py": 65,
-    "tests/examples/test_output_noise.py": 64,
-    "tests/examples/test_cifar10_eval_towers.py": 61,
-    "tests/bench/test_bench_precision_memory.py": 53,
-    "tests/cluster/test_allreduce_checkpoints.py": 50,
-    "tests/step/test_accumulation_resume.py": 50,
-    "tests/run/test_faults_kill.py": 48,
-    "tests/examples/test_tower_loop_by_hand.py": 43,
-    "tests/bench/test_bench_trace.py": 42,
-    "tests/examples/test_large_batch_recipe.py": 41,  # 29.5 s alone, x 1.4
-    "tests/run/test_faults_signals.py": 39,
-    "tests/bench/test_bench_keras.py": 37,
-    "tests/cluster/test_early_stopping.py": 37,
-    "tests/examples/test_ray_train_example.py": 36,
-    "tests/cluster/test_ps_run_to_run.py": 33,
-    "tests/examples/test_readme.py": 33,
-    "tests/keras/test_keras_lesson.py": 31,
-    "tests/step/test_equivalence.py": 30,
-    "tests/test_packaging.py": 30,
-    "tests/precision/test_mixed_precision_training.py": 29,
-    "tests/checks/test_bad_inputs_table.py": 25,
-    "tests/test_layers.py": 25,
-    "tests/bench/test_bench_build.py": 24,
-    "tests/keras/test_keras_refusals.py": 24,
-    "tests/batchnorm/test_tf1_batch_norm.py": 21,
-    "tests/bench/test_bench_variable_update.py": 21,
-    "tests/cluster/test_exits.py": 21,
-    "tests/step/test_structure.py": 21,
-    "tests/run/test_global_batches.py": 20,
-    "tests/update/test_clipping.py": 20,
-    "tests/update/test_broadcast.py": 19,
-    "tests/launch/test_launcher.py": 18,
-    "tests/exchange/test_collective.py": 17,
-    "tests/bench/test_bench_global_batches.py": 16,
-    "tests/run/test_evaluation_loop.py": 13,
-    "tests/step/test_accumulation_graph.py": 13,
-    "tests/launch/test_command.py": 12,
-    "tests/test_public_api.py": 12,
-    "tests/trace/test_traced_steps.py": 12,
-    "tests/bench/test_traffic_machines.py": 10,
-    "tests/run/test_folder_lock.py": 10,
-    "tests/examples/test_cifar10_config.py": 9,
-    "tests/launch/test_reaper.py": 9,
-    "tests/keras/test_keras_half_precision.py": 8,
-    "tests/internals/test_internals_sync_replicas.py": 7,
-    "tests/update/test_trust_ratio_optimizers.py": 7,
-    "tests/cluster/test_distributed_cluster.py": 6,
-    "tests/examples/test_porting_doc.py": 6,
-    "tests/keras/test_keras_fine_tuning.py": 6,
-    "tests/keras/test_keras_review_cases.py": 6,
-    "tests/step/test_accumulation_loop.py": 6,
-    "tests/update/test_build_cost.py": 6,
-    "tests/launch/test_startup.py": 5,
-    "tests/precision/test_loss_scaling.py": 5,
-    "tests/run/test_checkpoint_fit.py": 5,
-    "tests/run/test_evaluation_noise.py": 5,
-    "tests/launch/test_network.py": 1,
-    "tests/launch/test_plan.py": 1,
-    "tests/step/test_schedules.py": 1,
-    "tests/trace/test_analysis.py": 1,
-}
+# trained run folder, are built once). Seconds of each module: measured, in
+# tests/durations.json (tests/durations.py; CI's whole-suite part rewrites it). A module not
+# in it counts SLOW_TEST_SECS per test marked slow and FAST_TEST_SECS per other test.
 SLOW_TEST_SECS = 5.0
 FAST_TEST_SECS = 0.25
 
 
-def _module_secs(path, module_items):
-    if path in MODULE_SECS:
-        return MODULE_SECS[path]
+def _module_secs(path, module_items, module_secs):
+    if path in module_secs:
+        return module_secs[path]
     slow = sum(1 for item in module_items if item.get_closest_marker("slow"))
     return SLOW_TEST_SECS * slow + FAST_TEST_SECS * (len(module_items) - slow)
 
@@ -211,6 +129,7 @@ def pytest_collection_modifyitems(config, items):
     by_module = {}
     for item in items:
         by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
-    modules = [(_module_secs(path, module_items), module_items)
+    module_secs = durations.read_module_secs()
+    modules = [(_module_secs(path, module_items, module_secs), module_items)
                for path, module_items in by_module.items()]
     items[:] = balanced_order(modules, workers)

@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import towerlib
+from tests import half_precision
 from towerlib import layers
 from towerlib.precision import casting as mixed_precision
 from towerlib.update import copies as variable_copies
@@ -69,10 +70,14 @@ def float32_run():
     return _train_one_step("float32")
 
 
-# Gradient error relative to the largest float32 gradient of the variable;
-# measured: float16 4e-3 (conv1/weights), bfloat16 7e-3.
-@pytest.mark.parametrize("compute_dtype, tolerance", [("float16", 1e-2), ("bfloat16", 3e-2)])
-def test_half_compute_on_float32_variables(compute_dtype, tolerance, float32_run):
+@pytest.mark.half_precision
+@pytest.mark.parametrize("compute_dtype", ["float16", "bfloat16"])
+def test_half_compute_on_float32_variables(compute_dtype, float32_run):
+    """Each gradient within 16 u of the largest float32 gradient of its variable (16
+    roundings on the path, tests/half_precision.py: float16 7.8e-3, bfloat16 6.3e-2;
+    measured 3.8e-3 and 1.6e-2, the same under both oneDNN settings). The moving
+    statistics within 16 u relative, and 16 u of how far they moved in float32."""
+    tolerance = half_precision.PATH_ROUNDINGS * half_precision.unit_roundoff(compute_dtype)
     run = _train_one_step(compute_dtype)
     assert set(run["dtypes"]) == {"conv1/weights", "bn1/beta", "bn1/gamma", "bn1/moving_mean",
                                   "bn1/moving_variance", "logits/weights", "logits/biases"}
@@ -82,8 +87,9 @@ def test_half_compute_on_float32_variables(compute_dtype, tolerance, float32_run
     assert run["loss_dtype"] == tf.float32
     for name in ("bn1/moving_mean", "bn1/moving_variance"):       # updated, in float32
         assert not np.allclose(run["after"][name], run["before"][name]), name
+        moved = np.max(np.abs(float32_run["after"][name] - float32_run["before"][name]))
         np.testing.assert_allclose(run["after"][name], float32_run["after"][name],
-                                   rtol=tolerance, atol=tolerance, err_msg=name)
+                                   rtol=tolerance, atol=tolerance * moved, err_msg=name)
     for name, gradient in run["gradients"].items():
         reference = float32_run["gradients"][name]
         # Relative to the gradient's size: one number per variable.

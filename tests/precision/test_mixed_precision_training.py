@@ -8,7 +8,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import towerlib
-from tests import helpers
+from tests import half_precision, helpers
 from towerlib import layers
 
 GRADIENT_FACTOR = "gradient_factor"
@@ -78,7 +78,11 @@ def test_float16_overflow_skips_the_step_and_halves_the_scale():
             assert not np.array_equal(session.run("conv1/weights:0"), after["conv1/weights"])
 
 
+@pytest.mark.half_precision
 def test_float16_variables_stay_float32_and_train_like_float32():
+    """5 Momentum steps in each half dtype end within 16 u of how far float32 moved
+    the weights (tests/half_precision.py; the weights move by 0.35: float16 2.7e-3,
+    bfloat16 2.2e-2; measured 5.0e-4 and 4.1e-3 under both oneDNN settings)."""
     results = {}
     for compute_dtype in ("float32", "float16", "bfloat16"):
         with tf.Graph().as_default():
@@ -91,11 +95,14 @@ def test_float16_variables_stay_float32_and_train_like_float32():
                 session.run(tf.compat.v1.global_variables_initializer())
                 weights = [v for v in helpers.model_variables()
                            if not v.op.name.startswith("loss_scale/")]
-                helpers.load_values(session, weights, helpers.initial_values_for(weights))
+                initial = helpers.initial_values_for(weights)
+                helpers.load_values(session, weights, initial)
                 for _ in range(5):
                     session.run(train.train_op)
                 results[compute_dtype] = {v.op.name: session.run(v) for v in weights}
-    for compute_dtype, tolerance in (("float16", 5e-3), ("bfloat16", 3e-2)):
+    moved = half_precision.motion(results["float32"], initial)
+    for compute_dtype in ("float16", "bfloat16"):
+        tolerance = half_precision.trained_atol(compute_dtype, moved)
         for name, value in results["float32"].items():
             np.testing.assert_allclose(results[compute_dtype][name], value, atol=tolerance,
                                        err_msg=f"{compute_dtype} {name}")
