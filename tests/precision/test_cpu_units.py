@@ -60,3 +60,25 @@ def test_the_flags_are_read_from_the_first_flags_line(tmp_path):
     assert cpu_units.cpu_flags(str(tmp_path / "none")) is None
     (tmp_path / "empty").write_text("processor\t: 0\n")
     assert cpu_units.cpu_flags(str(tmp_path / "empty")) is None
+
+
+@pytest.mark.parametrize("precision, flags, lines", [
+    ("bfloat16", frozenset({"avx2", "fma"}), 1), ("float32", frozenset({"avx2"}), 0),
+    ("bfloat16", frozenset({"avx2", "avx512_bf16"}), 0)])
+def test_the_build_says_it_once_for_bfloat16_on_a_cpu_without_its_units(
+        monkeypatch, caplog, precision, flags, lines):
+    import tensorflow as tf
+
+    import towerlib
+    from tests import helpers
+    from towerlib.precision import cpu_units
+
+    monkeypatch.setattr(cpu_units, "cpu_flags", lambda *args: flags)
+    with tf.Graph().as_default(), caplog.at_level("WARNING", logger="towerlib"):
+        images, labels = helpers.image_batch(4)
+        towerlib.build_train_graph(
+            helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), num_towers=2,
+            device_type="cpu", precision=precision)
+    said = [r for r in caplog.records if "bfloat16 units" in r.getMessage()]
+    assert len(said) == lines, [r.getMessage() for r in caplog.records]

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
 from towerlib.checks import compute_dtypes
-from towerlib.precision import casting, guards
+from towerlib.precision import casting, cpu_units, guards
 from towerlib.step import accumulation, across_workers, micro_loop
 from towerlib.step import apply as apply_step
 from towerlib.step import devices as devices_lib
@@ -138,6 +138,7 @@ class _StepSetting:
 def _step_setting(options, global_step):
     devices = list(options.devices)
     devices_lib.warn_missing_gpus(devices)
+    cpu_units.warn_if_bfloat16_is_emulated(options.precision, devices)
     host = devices_lib.host_cpu(devices[0])
     workers = options.workers
     towers_in_group = len(devices) * workers.num_workers
