@@ -126,7 +126,10 @@ def main(argv):
         model = models.make_model(FLAGS.model, weight_decay=0.0, bn_momentum=FLAGS.bn_momentum)
     except ValueError as error:  # an unknown --model: one line, with the known names
         fail(f"--model={FLAGS.model}: {error}")
-    FLAGS.train_dir = FLAGS.train_dir or tempfile.mkdtemp(prefix="large_batch_recipe_")
+    if not FLAGS.train_dir:
+        FLAGS.train_dir = tempfile.mkdtemp(prefix="large_batch_recipe_")
+        print(f"train_dir: {FLAGS.train_dir} (a new temporary folder; it stays after the "
+              "run, about 30 MB: delete it, or give --train_dir)", flush=True)
     script_runner.configure_logging()
     _, train_files, test_files = data_source.prepare(None, FLAGS.train_dir)
     with tf.Graph().as_default():

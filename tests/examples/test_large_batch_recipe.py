@@ -67,3 +67,15 @@ def test_a_folder_holding_a_run_is_refused_not_found_done(tmp_path):
 
     assert run.returncode == 2 and "is not empty" in run.stderr, run.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+@pytest.mark.slow
+def test_without_train_dir_it_says_where_its_temporary_folder_is(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=helpers.python_path(ROOT),
+               TMPDIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "examples.large_batch_recipe",
+                          "--max_steps=2", "--eval_every=2"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("large_batch_recipe_")]
+    assert f"train_dir: {folder} (a new temporary folder" in run.stdout
