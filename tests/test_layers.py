@@ -1,7 +1,7 @@
 """towerlib's packages in layers: each imports only from the layers below it.
 
 Read bottom to top; the members of one layer are independent (none imports another).
-A member is a package (`step`) or a module (`checks.validation`). Every import counts,
+A member is a package (`step`) or a module (`checks.problems`). Every import counts,
 at module level or inside a function, absolute or relative, and an import through the
 package face (`from towerlib import run_training`, `towerlib.run_training` after
 `import towerlib`) counts as an import of the module that defines the name.
@@ -26,7 +26,7 @@ LAYERS = [
     ["checks"],                             # build-time checks of towers and data
     ["step", "layers", "schedules", "optimizers", "data"],  # the step; layers; rates;
     #                                        LARS, LAMB; record sources read by index
-    ["checks.validation"],                  # validate_config: the step's and the loop's options
+    ["keras"],                              # the Keras front end (KerasTower)
     ["run"],                                # the training loop
     ["cluster"],                            # several machines
     ["launch"],                             # starting and restarting a job's processes
@@ -39,7 +39,7 @@ def member_of(module):
         for member in members:
             if module == member or module.startswith(member + "."):
                 if "." not in member:
-                    # A module member ('checks.validation') is more specific.
+                    # A module member ('checks.problems') is more specific.
                     specific = [m for layer in LAYERS for m in layer
                                 if "." in m and (module == m or module.startswith(m + "."))]
                     return specific[0] if specific else member
@@ -216,3 +216,13 @@ def test_ruff_refuses_relative_imports_with_the_project_rules(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.count("TID252") == 2, result.stdout
+
+
+def test_the_step_across_workers_has_one_home():
+    """build.py reads the same phases on one machine and across workers: what crosses
+    between workers is built in towerlib/step/across_workers.py alone (options.py only
+    judges whether the update can span the group)."""
+    step = ROOT / "step"
+    deciding = sorted(path.name for path in step.glob("*.py")
+                      if "spans_workers" in path.read_text(encoding="utf-8"))
+    assert deciding == ["across_workers.py", "options.py"], deciding

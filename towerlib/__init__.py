@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from towerlib.update.parameter_server import ParameterServer
     from towerlib.update.replicated import Replicated
     from towerlib.update.clipping import ClipByGlobalNorm
+    from towerlib.update.holdings import replica_bytes
 
     # Building the training step.
     from towerlib.step.context import BN_MODES, BnMode, TowerContext, TowerRecords
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from towerlib.step.inputs import split_global_batch
     from towerlib.step.summaries import strip_tower_prefix, tower_scalar
     from towerlib.step.towers import Tower, TowerModel, build_towers
-    from towerlib.step.keras_tower import KerasTower, KerasTowerError
+    from towerlib.keras.tower import KerasTower, KerasTowerError
     from towerlib.step.build import build_train_graph
     from towerlib.step.train_graph import TrainGraph, ema_restore_map
     from towerlib.update.aggregation import aggregate_gradients
@@ -83,14 +84,14 @@ if TYPE_CHECKING:
     # Checks.
     from towerlib.checks.data_checks import (DataError, assert_finite, assert_labels_in_range,
                                              check_record_files)
-    from towerlib.checks.validation import ConfigError, ConfigProblem, validate_config
+    from towerlib.run.validation import ConfigError, ConfigProblem, validate_config
 
 __version__ = "0.1.0"
 
 __all__ = [
     # The strategies.
     "BFloat16", "ClipByGlobalNorm", "CollectiveExchange", "Float16", "Float32", "GraphExchange",
-    "ParameterServer", "Replicated", "WorkerGroup",
+    "ParameterServer", "Replicated", "WorkerGroup", "replica_bytes",
     # Building and running the training step.
     "BN_MODES", "BnMode", "EvalGraph", "Evaluation", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
     "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",

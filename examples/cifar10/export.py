@@ -166,6 +166,7 @@ def export(
         os.rename(staging, destination)
     finally:
         shutil.rmtree(staging_parent, ignore_errors=True)
+    _record_in_run(train_dir, destination)
     logger.info(
         "Exported global step %d%s to %s",
         global_step,
@@ -173,6 +174,14 @@ def export(
         destination,
     )
     return destination
+
+
+def _record_in_run(train_dir: str, destination: str) -> None:
+    """Records an export inside the run folder as the run's (--overwrite_train_dir deletes
+    recorded exports only, never a user's version folder)."""
+    relative = os.path.relpath(os.path.realpath(destination), os.path.realpath(train_dir))
+    if not relative.startswith(os.pardir):
+        run_folder.record_written(train_dir, [relative])
 
 
 def main():

@@ -34,7 +34,7 @@ import tensorflow as tf
 import towerlib
 import towerlib.run.checkpoints
 from examples.cifar10 import data_source, options, run_errors
-from towerlib.run import folder_lock
+from towerlib.run import checkpoint_state, folder_lock, run_entries
 
 logger = logging.getLogger("cifar10")
 
@@ -208,7 +208,7 @@ def check_checkpoint_fits_graph(checkpoint: Optional[str], train_dir: str) -> No
 # The names a run of ours writes at the top of its folder that it also reads back (its
 # checkpoints, their state, its records' temporaries): the run's by their format.
 _RUN_FILE = re.compile(
-    r"^(model\.ckpt-\d+\.(index|meta|data-\d{5}-of-\d{5})|checkpoint|checkpoint\.tmp-[0-9a-f]{32}"
+    r"^(model\.ckpt-\d+\.(index|meta|data-\d{5}-of-\d{5})|checkpoint"
     r"|\.train_(config|files)\.json\w+)$")
 # What a life of the run may write that nothing reads back, by folder: TensorFlow's event
 # files (events.out.tfevents.<seconds, 10 digits>.<host>[suffix]) and the traces. Only
@@ -241,6 +241,28 @@ def written_files(train_dir: str) -> set:
     except (OSError, ValueError):
         return set()
     return {n for n in names if isinstance(n, str) and ".." not in n.split(os.sep)}
+
+
+def record_written(train_dir: str, names) -> None:
+    """Adds `names` (relative to train_dir, e.g. 'export/8') to the run's record of what
+    it wrote (RUN_FILES): `start_over` deletes what the record names, nothing else."""
+    _write_json(train_dir, RUN_FILES, sorted(written_files(train_dir) | set(names)))
+
+
+def _is_real_folder(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path)
+
+
+def _staging_is_ours(train_dir: str) -> bool:
+    """towerlib's .saving: a real folder holding only the names its writer gives."""
+    path = os.path.join(train_dir, towerlib.run.checkpoints.SAVING_DIRNAME)
+    if not _is_real_folder(path):
+        return False
+    try:
+        run_entries.ours(path, checkpoint_state.staged_name)
+    except run_entries.ControlEntryError:
+        return False
+    return True
 
 
 def _write_json(train_dir: str, name: str, value) -> str:
@@ -296,16 +318,17 @@ def _run_paths(train_dir: str) -> List[str]:
             prefix == name or os.path.exists(os.path.join(train_dir, prefix + ".index")))
 
     found = [n for n in os.listdir(train_dir) if ours(n)]
-    found += [n for n in (towerlib.run.checkpoints.SAVING_DIRNAME,)
-              if os.path.isdir(os.path.join(train_dir, n))
-              and not os.path.islink(os.path.join(train_dir, n))]
-    found += sorted(written_files(train_dir) & _claimable(train_dir))
+    if _staging_is_ours(train_dir):
+        found.append(towerlib.run.checkpoints.SAVING_DIRNAME)
+    recorded = written_files(train_dir)
+    found += sorted(recorded & _claimable(train_dir))
     if os.path.isfile(os.path.join(train_dir, RUN_FILES)):
         found.append(RUN_FILES)
     exports = os.path.join(train_dir, "export")
-    if os.path.isdir(exports):
+    if _is_real_folder(exports):   # only the versions a run recorded, never a user's
         found += [os.path.join("export", n) for n in os.listdir(exports)
-                  if n.isdigit() and os.path.isdir(os.path.join(exports, n))
+                  if n.isdigit() and os.path.join("export", n) in recorded
+                  and _is_real_folder(os.path.join(exports, n))
                   and not export.foreign_files(os.path.join(exports, n))]
     return sorted(found)
 
@@ -339,16 +362,16 @@ def start_over(train_dir: str) -> List[str]:
     marker = os.path.join(train_dir, STARTING_OVER)
     if os.path.isfile(record_path):
         os.replace(record_path, marker)
-    names = _run_paths(train_dir)
+    names = _run_paths(train_dir)   # every path checked, before anything is deleted
     for name in names:
         path = os.path.join(train_dir, name)
-        if os.path.isdir(path):
+        if _is_real_folder(path):
             shutil.rmtree(path)
         else:
-            os.remove(path)
+            os.remove(path)   # a link itself, never what it points at
     for folder in ("eval", "traces", "export"):
         path = os.path.join(train_dir, folder)
-        if os.path.isdir(path) and not os.listdir(path):
+        if _is_real_folder(path) and not os.listdir(path):
             os.rmdir(path)
     if os.path.exists(marker):
         os.remove(marker)
@@ -360,5 +383,5 @@ def start_over(train_dir: str) -> List[str]:
 
 
 __all__ = ["CONFIG_FILE", "RUN_FILES", "check_checkpoint_fits_graph", "checkpoint_step",
-           "claiming", "load", "record", "resolve_flags", "restorable_checkpoint",
+           "claiming", "load", "record", "record_written", "resolve_flags", "restorable_checkpoint",
            "start_over", "towerlib", "written_files"]

@@ -282,18 +282,38 @@ def test_overwrite_of_a_run_removes_only_what_the_run_wrote(tmp_path):
     ours = [run_folder.CONFIG_FILE, "checkpoint", "model.ckpt-8.index", "model.ckpt-8.meta",
             "model.ckpt-8.data-00000-of-00001",
             "export/8/saved_model.pb", "export/8/variables/variables.index",
-            ".saving/model.ckpt-9.index", "checkpoint.tmp-" + "ab" * 16]
+            ".saving/model.ckpt-9.index", ".saving/checkpoint.tmp-" + "ab" * 16]
     _write(str(tmp_path), ours + USER_FILES + USER_EVENTS)
+    run_folder.record_written(str(tmp_path), ["export/8"])   # as export.py records it
     _write(str(tmp_path), ["generated_data/cifar-10-batches-bin/data_batch_1.bin"])
     with run_folder.claiming(str(tmp_path)):   # one life of the run
         _write(str(tmp_path), RUN_EVENTS)
-    assert run_folder.written_files(str(tmp_path)) == set(RUN_EVENTS)
+    assert run_folder.written_files(str(tmp_path)) == set(RUN_EVENTS) | {"export/8"}
     run_folder.start_over(str(tmp_path))
     for name in ours + RUN_EVENTS + [run_folder.RUN_FILES]:
         assert not os.path.exists(os.path.join(tmp_path, name)), name
     assert not os.path.exists(os.path.join(tmp_path, "export", "8"))
     _all_intact(str(tmp_path), USER_FILES + USER_EVENTS
                 + ["generated_data/cifar-10-batches-bin/data_batch_1.bin"])
+
+
+def test_overwrite_keeps_a_users_export_version_and_never_follows_a_link(tmp_path):
+    """A user's TF-Serving version folder export/1/ has the shape of an export; only the
+    record says which versions a run wrote. A linked export/2 is not followed, and the
+    checks all come before the first deletion."""
+    saved_model = ["saved_model.pb", "variables/variables.index"]
+    _write(str(tmp_path), [run_folder.CONFIG_FILE, "model.ckpt-8.index"]
+           + [f"export/8/{n}" for n in saved_model] + [f"export/1/{n}" for n in saved_model])
+    run_folder.record_written(str(tmp_path), ["export/8"])
+    theirs = tmp_path / "their_model"
+    _write(str(theirs), saved_model)
+    os.symlink(theirs, tmp_path / "export" / "2")
+    deleted = run_folder.start_over(str(tmp_path))
+    assert "export/8" in deleted and not os.path.exists(tmp_path / "export" / "8")
+    _all_intact(str(tmp_path), [f"export/1/{n}" for n in saved_model])
+    _all_intact(str(theirs), saved_model)
+    assert os.path.islink(tmp_path / "export" / "2")
+    assert not os.path.exists(tmp_path / run_folder.STARTING_OVER)
 
 
 def test_an_event_file_the_run_did_not_record_is_never_deleted(tmp_path):

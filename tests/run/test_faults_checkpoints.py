@@ -134,13 +134,15 @@ def test_complete_checkpoint_missing_from_the_state_is_found(model, tmp_path, ca
     train_dir = str(tmp_path)
     model.save_steps(train_dir, [2, 4, 6])
     checkpoints.write_state(train_dir, [_prefix(train_dir, 2), _prefix(train_dir, 4)])
-    with open(os.path.join(train_dir, "checkpoint.tmp-" + "0123abcd" * 4), "w") as handle:
-        handle.write("model_checkpoint_path: \"model.ck")  # the half-written state
+    # The half-written state, where towerlib writes its temporary.
+    temporary = os.path.join(train_dir, checkpoints.SAVING_DIRNAME, "checkpoint.tmp-" + "0123abcd" * 4)
+    with open(temporary, "w") as handle:
+        handle.write("model_checkpoint_path: \"model.ck")
     with caplog.at_level(logging.WARNING, logger="towerlib"):
         assert checkpoints.prepare_restore(train_dir) == _prefix(train_dir, 6)
     assert "rewrote it" in caplog.text
     assert tf.train.latest_checkpoint(train_dir) == _prefix(train_dir, 6)
-    assert not os.path.exists(os.path.join(train_dir, "checkpoint.tmp-" + "0123abcd" * 4))
+    assert not os.path.exists(temporary)
 
 
 def test_garbage_state_file_falls_back_to_scanning(model, tmp_path):
@@ -167,26 +169,27 @@ def test_no_restorable_checkpoint_is_an_error_naming_each_file(model, tmp_path):
 def test_leftovers_of_killed_writers_are_removed_and_nothing_else(model, tmp_path):
     train_dir = str(tmp_path)
     model.save_steps(train_dir, [3])
-    leftovers = [
-        os.path.join(checkpoints.SAVING_DIRNAME, "model.ckpt-5.index"),
-        "model.ckpt-5.data-00000-of-00001.tempstate1234567890",
-        "checkpoint.tmp" + "0123456789abcdef" * 2,
+    # What a killed save leaves: all of it inside .saving, where towerlib writes.
+    leftovers = [os.path.join(checkpoints.SAVING_DIRNAME, name) for name in (
+        "model.ckpt-5.index", "model.ckpt-5.data-00000-of-00001.tempstate1234567890",
         "model.ckpt-5.meta.tmp" + "fedcba9876543210" * 2,
         os.path.join("model.ckpt-5_temp", "part-00000-of-00001.index"),
-        "checkpoint.tmp-" + "0123456789abcdef" * 2,  # towerlib's state temporary
-    ]
-    # A user's files of similar names: never towerlib's to delete.
+        "checkpoint.tmp-" + "0123456789abcdef" * 2)]   # towerlib's state temporary
+    # A user's files of names like those of leftovers: never towerlib's to delete.
     keep = ["notes.txt", "eval_temp", "events.out.tfevents.1.host",
             "model.ckpt-7.data-00000-of-00001", "checkpoint.tmp_notes", "checkpoint.tmp.keep",
-            "checkpoint_notes.txt", os.path.join("mine-3_temp", "results.csv")]
+            "checkpoint_notes.txt", os.path.join("mine-3_temp", "results.csv"),
+            "results.tempstate7", "draft.tmp" + "0123456789abcdef" * 2,
+            "checkpoint.tmp-" + "0123456789abcdef" * 2,
+            "model.ckpt-5.meta.tmp" + "fedcba9876543210" * 2,
+            os.path.join("export-5_temp", "part-00000-of-00001.index")]
     for name in leftovers + keep:
         path = os.path.join(train_dir, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as handle:
             handle.write("x")
     removed = checkpoints.remove_leftovers(train_dir)
-    top_level = {os.path.join(train_dir, name.split(os.sep)[0]) for name in leftovers}
-    assert set(removed) == top_level
+    assert removed == [os.path.join(train_dir, checkpoints.SAVING_DIRNAME)]
     for name in keep:
         assert os.path.exists(os.path.join(train_dir, name)), name
     assert checkpoints.checkpoint_problem(_prefix(train_dir, 3)) is None

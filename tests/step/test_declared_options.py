@@ -116,3 +116,22 @@ def test_validate_config_takes_every_run_training_option():
                              collective_timeout_secs=60.0)
     with pytest.raises(towerlib.ConfigError, match="stop_on_signals"):
         towerlib.validate_config(stop_on_signals=(9,))
+
+
+def test_the_build_lists_every_bad_option_at_once_as_validate_config_does():
+    with tf.Graph().as_default(), pytest.raises(towerlib.ConfigError) as built:
+        towerlib.build_train_graph(
+            lambda inputs, ctx: tf.reduce_mean(inputs), tf.zeros([4, 2]),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), bn_mode="snyc",
+            accumulation_steps=0, num_towers=1)
+    with pytest.raises(towerlib.ConfigError) as validated:
+        towerlib.validate_config(bn_mode="snyc", accumulation_steps=0)
+    assert [p.option for p in built.value.problems] == ["bn_mode", "accumulation_steps"]
+    assert built.value.problems == validated.value.problems
+
+
+def test_one_bad_option_is_raised_as_its_own_check_raised_it():
+    with tf.Graph().as_default(), pytest.raises(TypeError, match="summaries must be True"):
+        towerlib.build_train_graph(
+            lambda inputs, ctx: tf.reduce_mean(inputs), tf.zeros([4, 2]),
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), summaries="yes", num_towers=1)

@@ -35,7 +35,6 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
-from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.update import copies as variable_copies
 
 _FUSED_BATCH_NORM = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
@@ -106,7 +105,7 @@ def check_towers(towers, bn_mode):
     'first_tower', which is what such a layer does anyway: each tower
     normalizes with its own shard and tower 0's update ops run.
     """
-    promise = resolve_bn_mode(bn_mode).promise
+    promise = bn_mode.promise
     if promise is None or len(towers) < 2:
         return
     layers = find_foreign_batch_norm(towers)

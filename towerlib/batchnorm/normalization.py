@@ -28,7 +28,6 @@ import dataclasses
 import tensorflow as tf
 
 from towerlib.batchnorm import moments, worker_statistics
-from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.batchnorm.statistics import BatchNormStatistics, moving_variance_input
 
 
@@ -254,7 +253,7 @@ def normalize_with_variables(x, ctx, *, layer_name, axis, momentum, epsilon, bet
     if ctx.is_training:
         # Across workers one local tower still has peers (the reducer's group).
         peers = ctx.cross_tower.group_size if ctx.cross_tower is not None else 1
-        synchronized = resolve_bn_mode(ctx.bn_mode).exchanges(ctx.num_towers, peers)
+        synchronized = ctx.bn_mode.exchanges(ctx.num_towers, peers)
         normalized, count, mean, variance = _training_batch_norm(
             x, reduce_axes, ctx, layer_name, beta, gamma, epsilon, synchronized)
         statistics = BatchNormStatistics(
@@ -342,7 +341,7 @@ def moving_average_updates(records, bn_mode, shared=None):
             # 'all_towers' pools every tower's shard; 'first_tower' uses tower
             # 0's shard, 'sync' tower 0's global statistics: with gradient
             # accumulation, pooled over the step's micro-batches.
-            used = resolve_bn_mode(bn_mode).moving_statistics(layer_statistics)
+            used = bn_mode.moving_statistics(layer_statistics)
             first = used[0]
             if len(used) > 1:
                 with tf.device(first.moving_mean.device):

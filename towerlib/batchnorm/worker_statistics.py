@@ -20,7 +20,6 @@ before sending, or after pooling.
 
 import tensorflow as tf
 
-from towerlib.batchnorm.modes import resolve_bn_mode
 from towerlib.batchnorm.statistics import moving_variance_input
 
 __all__ = ["chiefs_rows", "from_chiefs_rows", "statistics_for_layers"]
@@ -59,21 +58,20 @@ def statistics_for_layers(layers, bn_mode, reducer):
     Args:
       layers: {layer name: its BatchNormStatistics of every local tower and
         micro-batch}.
-      bn_mode: the BatchNormMode (or its name).
+      bn_mode: the BnMode.
       reducer: the CrossTowerReducer spanning every worker's towers.
 
     Returns:
       {layer name: a list indexed by local tower of (mean, variance), each [C]
       float32, bit-identical on every tower of every worker}.
     """
-    mode = resolve_bn_mode(bn_mode)
     names = list(layers)
     result = {name: [] for name in names}
     for index in range(reducer.num_towers):
         own = [_own_statistics(layers[name], index) for name in names]
         unbiased = [any(s.unbiased for s in layers[name]) for name in names]
         with tf.device(reducer.devices[index]):
-            exchange = _pooled_everywhere if mode.pools_every_tower else _the_chiefs
+            exchange = _pooled_everywhere if bn_mode.pools_every_tower else _the_chiefs
             shared = exchange(own, unbiased, reducer, index)
         for name, statistics in zip(names, shared):
             result[name].append(statistics)
@@ -114,10 +112,10 @@ def chiefs_rows(layers, bn_mode, reducer):
     """Per local tower, ONE float32 vector that a sum over every tower of every worker
     turns into every layer's [mean; moving-variance input] of the chief's tower 0 (the
     other members send zeros, and x + 0 is x). For 'first_tower' and 'sync', to be
-    carried by another exchange (towerlib.step.worker_riders); None for 'all_towers',
+    carried by another exchange (towerlib.step.across_workers); None for 'all_towers',
     which gathers every tower's (statistics_for_layers).
     """
-    if resolve_bn_mode(bn_mode).pools_every_tower or not layers:
+    if bn_mode.pools_every_tower or not layers:
         return None
     names = list(layers)
     rows = []

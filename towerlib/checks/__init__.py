@@ -4,7 +4,7 @@
 
 The package, one job per module:
 
-  validation.py       validate_config: every option, every problem in one ConfigError
+  problems.py         problems collected, not raised one at a time: ConfigError
   loop_options.py     run_training's options (train_dir, steps, checkpoints, traces)
   data_checks.py      input files and in-graph assertions on a batch
   tower_batch.py      the per-tower versus global batch confusion, named with numbers

@@ -89,13 +89,16 @@ class OptionTable:
         """{name: value} of the declared options in `namespace` (a function's locals())."""
         return {name: namespace[name] for name in self.names if name in namespace}
 
-    def with_defaults(self, given):
-        """Every option: the given value, else its default (unknown names refused)."""
+    def with_defaults(self, given, required=True):
+        """Every option: the given value, else its default (unknown names refused). A
+        required option not given is refused, or None with required=False (for a
+        check that reports it among other problems)."""
         self.refuse_unknown(given)
         missing = [o.name for o in self.options if o.default is REQUIRED and o.name not in given]
-        if missing:
+        if missing and required:
             raise TypeError(f"{self.owner}() needs the option {missing[0]!r}.")
-        return {o.name: given.get(o.name, o.default) for o in self.options}
+        return {o.name: given.get(o.name, None if o.default is REQUIRED else o.default)
+                for o in self.options}
 
     def markdown(self):
         """A Markdown table: option, default, what it is."""

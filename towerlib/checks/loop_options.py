@@ -3,7 +3,7 @@
 `LOOP_OPTIONS` declares each option (name, default, doc; the loop's options
 are checked together, by the functions below): run_training's signature,
 its frozen loop state and validate_config follow it. Each check adds
-ConfigProblems to a checker (towerlib.checks.validation), or returns them,
+ConfigProblems to a collector (towerlib.checks.problems.Problems), or returns them,
 instead of raising, so that every problem is listed at once.
 """
 

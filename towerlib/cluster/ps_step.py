@@ -180,6 +180,10 @@ def check_bn_mode_for_cluster(bn_mode, cluster):
 # build_train_graph's options but those the cluster decides (the towers' devices, the
 # worker group); `update` defaults to the ps tasks.
 SYNC_STEP_OPTIONS = STEP_OPTIONS.without("devices", "workers", owner="build_sync_train_graph")
+# Through the ps tasks, the options this path decides itself (the towers, the update, the
+# step, the moving average and clipping, on the chief or refused) and those it passes on.
+_PASSED_THROUGH = SYNC_STEP_OPTIONS.without(
+    "num_towers", "device_type", "update", "global_step", "ema_decay", "clipping")
 
 
 def build_sync_train_graph(tower_fn, inputs, optimizer, cluster, *, device_function=None,
@@ -289,13 +293,11 @@ def _build_through_ps_tasks(tower_fn, inputs, optimizer, cluster, device_functio
             tf.compat.v1.get_variable_scope(),
             caching_device=f"{cluster.task_device}/device:CPU:0")
         with reads_cached:
-            step_options = {name: options[name] for name in (
-                "bn_mode", "precision", "exchange", "accumulation_steps", "learning_rate",
-                "var_list", "summaries", "check_isolation")}
             train_graph = build_train_graph(
-                tower_fn, inputs, sync_optimizer, devices=devices,
-                update=ParameterServer(device=placer), global_step=global_step,
-                **step_options)
+                tower_fn, inputs, sync_optimizer, **dict(
+                    _PASSED_THROUGH.pick(options),
+                    devices=devices, update=ParameterServer(device=placer),
+                    global_step=global_step))
     return SyncTrainGraph(
         train_graph=train_graph, optimizer=sync_optimizer,
         hooks=(sync_optimizer.make_session_run_hook(),), cluster=cluster,

@@ -5,6 +5,7 @@
 The package, one job per module:
 
   trainer.py           run_training: the MonitoredSession loop, in phases
+  validation.py        validate_config: the step's and the loop's options, every problem
   loop_hooks.py        the hooks of one run, in order, and the step facts they read
   hooks.py             the SessionRunHooks around a step (logging, checks, saving)
   evaluation_loop.py   Evaluation: evaluate every N steps, keep the best, stop early

@@ -6,6 +6,12 @@ optional '.meta'. The 'checkpoint' state file lists the kept ones in
 TensorFlow's own text format, so tf.train.latest_checkpoint and TensorBoard
 keep working. towerlib.run.checkpoints writes and restores; this module names,
 checks and lists.
+
+Only checkpoints directly in the run folder are the run's: a state file naming
+a prefix elsewhere (by an absolute path, as TensorFlow 1's Saver writes them,
+in a copied folder) is logged once and ignored, never restored from, and
+never deleted. The state file itself must be a regular file (run_entries): a
+FIFO there is refused before it is opened.
 """
 
 import logging
@@ -14,23 +20,56 @@ import re
 
 import tensorflow as tf
 
-from towerlib.run import durable_files
+from towerlib.run import durable_files, run_entries
+from towerlib.run.run_entries import CheckpointError  # noqa: F401  (defined there, named here)
 
 logger = logging.getLogger("towerlib")
 
 STATE_FILENAME = "checkpoint"
 SAVING_DIRNAME = ".saving"
 DEFAULT_BASENAME = "model.ckpt"
+JOURNAL_FILENAME = "publishing"  # in SAVING_DIRNAME: the files a save is changing
 
+_FOREIGN_LOGGED = set()  # (train_dir, prefixes) already said: one line, not one per read
 _DATA_SHARD = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
 _STEP_SUFFIX = re.compile(r"-(\d+)$")
 
-
-class CheckpointError(RuntimeError):
-    """No checkpoint in train_dir can be restored, though some were written."""
+# What towerlib's writer leaves in SAVING_DIRNAME: a save's files (TensorFlow's
+# temporaries and '_temp' folder included), the journal, the state's temporaries.
+_STAGED = re.compile(r"^[^/]+-\d+(_temp(_[0-9a-f]+)?|\.(index|meta|data-\d{5}-of-\d{5})"
+                     r"(\.tempstate\d+|\.tmp[0-9a-f]{32})?)$")
+_CHECKPOINT_FILE = re.compile(r"^[^/]+-\d+\.(index|meta|data-\d{5}-of-\d{5})$")
+_OWN_TEMPORARY = re.compile(r"^(checkpoint|publishing)\.tmp-[0-9a-f]{32}$")
 
 
 # --- naming ---
+
+
+def staged_name(name):
+    """Whether `name` is one towerlib's writer gives an entry of SAVING_DIRNAME."""
+    return (name == JOURNAL_FILENAME
+            or bool(_STAGED.match(name) or _OWN_TEMPORARY.match(name)))
+
+
+def run_folder_name(name):
+    """Whether `name` is one towerlib gives an entry of a checkpoint folder it writes
+    (`best/`): the state file, the staging folder, a checkpoint's files."""
+    return (name in (STATE_FILENAME, SAVING_DIRNAME) or bool(_OWN_TEMPORARY.match(name))
+            or bool(_CHECKPOINT_FILE.match(name)))
+
+
+def claim_staging(train_dir):
+    """train_dir/.saving, created when absent; refused (run_entries.ControlEntryError)
+    when it is a link, a file, a FIFO or a folder holding what towerlib did not write."""
+    return run_entries.claim_folder(os.path.join(str(train_dir), SAVING_DIRNAME),
+                                    staged_name)
+
+
+def in_run_folder(train_dir, prefix):
+    """Whether the checkpoint `prefix` is directly in train_dir (links resolved)."""
+    if not durable_files.is_local(prefix):
+        return os.path.dirname(prefix).rstrip("/") == str(train_dir).rstrip("/")
+    return os.path.realpath(os.path.dirname(prefix)) == os.path.realpath(train_dir)
 
 
 def checkpoint_step(prefix):
@@ -119,6 +158,9 @@ def checkpoint_problem(prefix, read_values=True):
     index = prefix + ".index"
     if not tf.io.gfile.exists(index):
         return f"its index {index} is missing (the save did not finish)"
+    for path in checkpoint_files(prefix):  # a FIFO would block the reader forever
+        if durable_files.is_local(path) and not os.path.isfile(path):
+            return f"{path} is not a regular file (a FIFO or a folder?)"
     shards = _data_shards(prefix)
     counts = {int(_DATA_SHARD.search(s).group(2)) for s in shards}
     if len(counts) > 1:
@@ -161,8 +203,11 @@ def read_state(train_dir):
 
     An unreadable or missing state file gives [] (the directory scan in
     `find_restorable_checkpoint` still finds the checkpoints), whatever bytes
-    it holds: a torn write or a disk fault must not stop a restart.
+    it holds: a torn write or a disk fault must not stop a restart. Prefixes
+    outside train_dir are left out, with a warning. A state file that is a
+    link, a FIFO or a folder raises run_entries.ControlEntryError.
     """
+    run_entries.check_file(os.path.join(str(train_dir), STATE_FILENAME))
     try:
         state = tf.train.get_checkpoint_state(train_dir)
     except (ValueError, tf.errors.OpError) as error:  # UnicodeDecodeError is a ValueError
@@ -176,7 +221,14 @@ def read_state(train_dir):
               if state.model_checkpoint_path else None)
     if latest and latest not in listed:
         listed.append(latest)
-    return listed
+    foreign = [p for p in listed if not in_run_folder(train_dir, p)]
+    if foreign and (str(train_dir), tuple(foreign)) not in _FOREIGN_LOGGED:
+        _FOREIGN_LOGGED.add((str(train_dir), tuple(foreign)))
+        logger.warning(
+            "The state file of %s names %s, outside that folder (a copied run folder's "
+            "absolute paths?): not this run's, so towerlib neither restores nor deletes "
+            "it; it uses the checkpoints in %s.", train_dir, ", ".join(foreign), train_dir)
+    return [p for p in listed if p not in foreign]
 
 
 def write_state(train_dir, prefixes):
@@ -193,7 +245,10 @@ def write_state(train_dir, prefixes):
         lines.append(f'model_checkpoint_path: "{_quote(relative(prefixes[-1]))}"')
         lines.extend(f'all_model_checkpoint_paths: "{_quote(relative(p))}"'
                      for p in prefixes)
-    durable_files.atomic_write_text(os.path.join(train_dir, STATE_FILENAME), "\n".join(lines) + "\n")
+    path = os.path.join(train_dir, STATE_FILENAME)
+    run_entries.check_file(path)
+    staging = claim_staging(train_dir) if durable_files.is_local(path) else None
+    durable_files.atomic_write_text(path, "\n".join(lines) + "\n", temporary_dir=staging)
 
 
 def _quote(text):

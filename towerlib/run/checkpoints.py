@@ -29,9 +29,18 @@ What `CheckpointWriter` does instead:
   4. old checkpoints beyond `max_to_keep` are dropped from the state first
      and deleted after, `.index` first, so a half-deleted one is incomplete.
 
-Before publishing, the writer names the checkpoints it is about to publish or
-delete in a journal, `.saving/publishing` (removed after): a restart after a
-kill removes the files of those without an index, and no other file.
+Before publishing, the writer names the files it is about to publish or
+delete in a journal, `.saving/publishing` (removed after), each with its
+inode: a restart after a kill removes those of a checkpoint without an index
+that still are the files recorded (same name, same inode), and no other file.
+
+towerlib deletes only what it wrote: `.saving` when it holds only names its
+writer gives (else it is a user's folder, refused in one line: run_entries),
+the journal's recorded files, and old checkpoints of this folder (never one a
+state file names elsewhere). A user's file of a leftover-like name in
+train_dir (`checkpoint.tmp-<hex>`, `x.tmp<hex>`, `*.tempstate7`,
+`export-5_temp/`) is never deleted: towerlib's temporaries are all made
+inside `.saving`.
 
 A step that already has a complete checkpoint is never rewritten (the
 restarted chief does not re-save what it restored); files of an incomplete
@@ -48,23 +57,26 @@ order of operations but have no fsync and may not rename atomically.
 import logging
 import os
 import re
+import stat
 
 import tensorflow as tf
 
-from towerlib.internals import checkpoint_files as tf_checkpoint_files
-from towerlib.run import durable_files, folder_lock
+from towerlib.run import durable_files, folder_lock, run_entries
 from towerlib.run.checkpoint_state import (
     DEFAULT_BASENAME,
+    JOURNAL_FILENAME,
     SAVING_DIRNAME,
     STATE_FILENAME,
     CheckpointError,
     checkpoint_files,
     checkpoint_problem,
     checkpoint_step,
+    claim_staging,
     data_shard_prefix,
     delete_checkpoint,
     read_state,
     scan_prefixes,
+    staged_name,
     write_state,
 )
 
@@ -95,73 +107,82 @@ def _newest_first(listed, scanned):
     return sorted(order, key=key, reverse=True)
 
 
-_STATE_TEMPORARY = re.compile(re.escape(STATE_FILENAME) + r"\.tmp-[0-9a-f]{32}$")
-_TF_PART = re.compile(r"^part-\d{5}-of-\d{5}(\.index|\.data-\d{5}-of-\d{5})"
-                      r"(\.tempstate\d+)?$")
-_TF_FILE_TEMPORARY = re.compile(r"(\.tempstate\d+|\.tmp[0-9a-f]{32})$")
-JOURNAL_FILENAME = "publishing"  # in SAVING_DIRNAME: the prefixes a save is changing
+_JOURNAL_ENTRY = re.compile(r"^([^/\t]+-\d+)\.(index|meta|data-\d{5}-of-\d{5})\t(\d+)$")
 
 
-def _is_our_temporary(train_dir, name):
-    """towerlib's state temporary, or one of TensorFlow's unmistakable temporaries (a
-    '_temp' folder only when it holds nothing but a sharded save's parts)."""
-    if _STATE_TEMPORARY.match(name):
-        return True
-    if not tf_checkpoint_files.is_tensorflow_leftover(name):
-        return False
-    path = os.path.join(train_dir, name)
-    if not tf.io.gfile.isdir(path):
-        return _TF_FILE_TEMPORARY.search(name) is not None
-    return all(_TF_PART.match(n.rstrip("/")) for n in tf.io.gfile.listdir(path))
-
-
-def _journaled_prefixes(train_dir):
-    """The prefixes an interrupted save was publishing or deleting (its journal)."""
+def _journaled_files(train_dir):
+    """The recorded files of the checkpoints an interrupted save was publishing or
+    deleting, as [(prefix, path)], each still the very file recorded (its inode);
+    a line of any other form (a journal towerlib did not write) is ignored."""
     path = os.path.join(train_dir, SAVING_DIRNAME, JOURNAL_FILENAME)
-    if not tf.io.gfile.exists(path):
+    if not run_entries.is_regular_file(path):
+        run_entries.check_file(path)  # a FIFO, a folder, a link: refused, never opened
         return []
-    with tf.io.gfile.GFile(path) as handle:
-        names = [line.strip() for line in handle.read().splitlines()]
-    return [os.path.join(train_dir, n) for n in names if n and os.sep not in n]
+    if durable_files.is_local(path):
+        fd = run_entries.open_regular(path)
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    else:
+        with tf.io.gfile.GFile(path) as handle:
+            lines = handle.read().splitlines()
+    found, ignored = [], []
+    for line in lines:
+        entry = _JOURNAL_ENTRY.match(line)
+        if entry is None:
+            ignored += [line] if line.strip() else []
+            continue
+        name, inode = line.split("\t")[0], int(entry.group(3))
+        file_path = os.path.join(train_dir, name)
+        if not durable_files.is_local(file_path):
+            found.append((os.path.join(train_dir, entry.group(1)), file_path))
+            continue
+        info = os.lstat(file_path) if os.path.lexists(file_path) else None
+        if info is not None and stat.S_ISREG(info.st_mode) and info.st_ino == inode:
+            found.append((os.path.join(train_dir, entry.group(1)), file_path))
+    if ignored:
+        logger.warning("Ignoring %d line(s) of %s that towerlib's writer does not write "
+                       "(e.g. %r): no file they name is deleted.", len(ignored), path,
+                       ignored[0][:80])
+    return found
+
+
+def _journal_lines(prefixes):
+    """'<file name>\\t<inode>' of every file of `prefixes` (0 where there are no inodes)."""
+    lines = []
+    for prefix in prefixes:
+        for path in checkpoint_files(prefix):
+            inode = os.lstat(path).st_ino if durable_files.is_local(path) else 0
+            lines.append(f"{os.path.basename(path)}\t{inode}\n")
+    return lines
 
 
 def remove_leftovers(train_dir):
     """Deletes what killed writers of towerlib left behind; returns the paths removed.
 
-    Only names this library wrote, or TensorFlow's unmistakable temporaries: the
-    `.saving` staging directory; the files of a checkpoint that an interrupted
-    save was publishing or deleting (named in `.saving`'s journal) when its
-    `.index` is missing; `checkpoint.tmp-<32 hex>`; `*.tempstate<N>`,
-    `*.tmp<32 hex>` and a `<prefix>_temp` folder of a sharded save's parts.
-    A user's file of a similar name (a data shard without an index that no
-    journal names, `checkpoint.tmp_notes`) stays. Only the chief, the one
-    writer, may call this. A `.saving` (or other control entry) that is a
-    symbolic link is refused (folder_lock.LinkedEntryError), never followed.
+    Only what towerlib wrote: the `.saving` staging folder (when every entry
+    in it has a name towerlib's writer gives; anything else makes it a user's
+    folder, refused with run_entries.ControlEntryError before anything is
+    deleted), and the files the journal in it recorded (name and inode) of a
+    checkpoint whose `.index` is missing. Nothing else in train_dir, whatever
+    its name. Only the chief, the one writer, may call this. A control entry
+    that is a link, a FIFO or a folder where a file belongs is refused.
     """
     removed = []
     if not tf.io.gfile.isdir(train_dir):
         return removed
     folder_lock.refuse_linked_entries(train_dir)
-    for prefix in _journaled_prefixes(train_dir):
-        if not tf.io.gfile.exists(prefix + ".index"):
-            for path in checkpoint_files(prefix):
-                durable_files.remove_file(path)
-                removed.append(path)
     staging = os.path.join(train_dir, SAVING_DIRNAME)
-    if tf.io.gfile.exists(staging):
-        interrupted = bool(tf.io.gfile.listdir(staging))  # empty after a good save
-        tf.io.gfile.rmtree(staging)
-        if interrupted:
-            removed.append(staging)
-    for name in tf.io.gfile.listdir(train_dir):
-        name = name.rstrip("/")
-        path = os.path.join(train_dir, name)
-        if _is_our_temporary(train_dir, name):
-            if tf.io.gfile.isdir(path):
-                tf.io.gfile.rmtree(path)
-            else:
-                durable_files.remove_file(path)
+    if not tf.io.gfile.exists(staging):
+        return removed
+    claim_staging(train_dir)  # checks it, before anything is deleted
+    for prefix, path in _journaled_files(train_dir):
+        if not tf.io.gfile.exists(prefix + ".index"):
+            durable_files.remove_file(path)
             removed.append(path)
+    interrupted = bool(tf.io.gfile.listdir(staging))  # empty after a good save
+    tf.io.gfile.rmtree(staging)
+    if interrupted:
+        removed.append(staging)
     if removed:
         durable_files.fsync_dir(train_dir)
     return removed
@@ -276,6 +297,7 @@ class CheckpointWriter:
         self.max_to_keep = max_to_keep
         self.write_meta_graph = write_meta_graph
         tf.io.gfile.makedirs(self.train_dir)
+        # read_state leaves out what is not in this folder: never pruned here.
         self.kept = [p for p in read_state(self.train_dir)
                      if checkpoint_problem(p, read_values=False) is None]
 
@@ -303,29 +325,37 @@ class CheckpointWriter:
             # A full disk, say: the partial files go now, not at the next start.
             staging = os.path.join(self.train_dir, SAVING_DIRNAME)
             if tf.io.gfile.exists(staging) and not os.path.islink(staging):
-                tf.io.gfile.rmtree(staging)
+                for name in tf.io.gfile.listdir(staging):  # only what the save wrote
+                    path = os.path.join(staging, name.rstrip("/"))
+                    if staged_name(name.rstrip("/")) and not os.path.islink(path):
+                        if tf.io.gfile.isdir(path):
+                            tf.io.gfile.rmtree(path)
+                        else:
+                            durable_files.remove_file(path)
+                if not tf.io.gfile.listdir(staging):
+                    tf.io.gfile.rmtree(staging)   # empty: nothing of anyone's in it
             raise
         kept = [p for p in self.kept if p != final] + [final]
-        self._journal([final] + kept[:-self.max_to_keep])
+        self._journal(staged, final, kept[:-self.max_to_keep])
         self._publish(staged, final)
         self._update_state(final)
-        self._journal([])
+        durable_files.remove_file(os.path.join(self.train_dir, SAVING_DIRNAME,
+                                               JOURNAL_FILENAME))
         return final
 
-    def _journal(self, prefixes):
-        """Names (in .saving) the checkpoints being published or deleted, so that a
-        restart after a kill removes their files and nothing else; [] clears it."""
-        path = os.path.join(self.train_dir, SAVING_DIRNAME, JOURNAL_FILENAME)
-        if prefixes:
-            durable_files.atomic_write_text(
-                path, "".join(os.path.basename(p) + "\n" for p in prefixes))
-        else:
-            durable_files.remove_file(path)
+    def _journal(self, staged, final, dropped):
+        """Records (in .saving) each file about to be published or deleted with its
+        inode (a rename keeps it), so that a restart after a kill removes those very
+        files and nothing else."""
+        del final  # the staged files keep their names (and inodes) when published
+        lines = _journal_lines([staged]) + _journal_lines(dropped)
+        staging = os.path.join(self.train_dir, SAVING_DIRNAME)
+        durable_files.atomic_write_text(os.path.join(staging, JOURNAL_FILENAME),
+                                        "".join(lines), temporary_dir=staging)
 
     def _stage(self, session, step):
         folder_lock.refuse_linked_entries(self.train_dir)   # a link made during the run
-        staging = os.path.join(self.train_dir, SAVING_DIRNAME)
-        tf.io.gfile.makedirs(staging)
+        staging = claim_staging(self.train_dir)
         staged = os.path.join(staging, f"{self.basename}-{int(step)}")
         delete_checkpoint(staged)
         # Saver.save takes the eager path outside a graph context.

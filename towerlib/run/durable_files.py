@@ -55,7 +55,7 @@ def remove_file(path):
         tf.io.gfile.remove(path)
 
 
-def atomic_write_text(path, text):
+def atomic_write_text(path, text, temporary_dir=None):
     """Writes `text` to `path` so that readers see the old file or the new one.
 
     The text goes to a temporary file in the same directory, which is fsynced
@@ -63,10 +63,13 @@ def atomic_write_text(path, text):
     A failure at any point (a full disk, say) removes the temporary file. The
     temporary is created exclusively and never through a link (O_EXCL,
     O_NOFOLLOW), and the rename replaces a link at `path` rather than its
-    target.
+    target. `temporary_dir` (a folder of towerlib's on the same file system,
+    e.g. train_dir/.saving) holds the temporary instead of path's folder, so
+    that a kill leaves it where only towerlib's files are.
     """
     directory = os.path.dirname(path) or "."
-    temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+    temporary = os.path.join(temporary_dir or directory,
+                             f"{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
     try:
         if is_local(path):
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL

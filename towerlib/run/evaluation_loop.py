@@ -11,7 +11,9 @@ Every `every_n_steps` global steps (and never at step 0) the hook runs the
 evaluation on every tower (build_eval_graph's exact totals), logs the values,
 writes them to TensorBoard as 'eval/<name>' and, when `metric` improved by more
 than `min_delta`, saves the weights to train_dir/best (one crash-safe
-checkpoint). After `patience` evaluations without an improvement it stops
+checkpoint; a `best` that is a link, a file, or a folder holding anything
+towerlib does not write there is refused in one line before the first step,
+never written through). After `patience` evaluations without an improvement it stops
 training; the final checkpoint is written as after any stop.
 
 The state (best value, its step, evaluations since) lives in three variables
@@ -36,7 +38,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from towerlib.run import checkpoints, moving_statistics
+from towerlib.run import checkpoint_state, checkpoints, folder_lock, moving_statistics, run_entries
 
 logger = logging.getLogger("towerlib")
 
@@ -185,6 +187,7 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         self.last_values = None
 
     def begin(self):
+        self._check_best_folder()
         self._global_step = tf.compat.v1.train.get_global_step()
         values = self._evaluation.eval_graph.values
         metric = tf.cast(values[self._evaluation.metric], tf.float64)
@@ -292,9 +295,21 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
                 for name, v in sorted(values.items())])
             self._summary_writer.add_summary(summary, step)
 
+    def _check_best_folder(self):
+        """Refuses (run_entries.ControlEntryError, one line) a train_dir/best that is a
+        link, not a folder, or a folder of a user's files; a FIFO in it too."""
+        if not (self._evaluation.keep_best and self._train_dir):
+            return
+        best = os.path.join(str(self._train_dir), BEST_DIRNAME)
+        run_entries.check_folder(best)
+        if os.path.isdir(best):
+            run_entries.ours(best, checkpoint_state.run_folder_name)
+            folder_lock.refuse_linked_entries(best)
+
     def _save_best(self, session, step):
         if not (self._evaluation.keep_best and self._train_dir and self._scaffold):
             return
+        self._check_best_folder()  # again: it may have changed since the start
         if self._best_writer is None:
             self._best_writer = checkpoints.CheckpointWriter(
                 self._scaffold.saver, os.path.join(self._train_dir, BEST_DIRNAME), max_to_keep=1,

@@ -11,10 +11,13 @@ leaves the folder held; the file itself stays, harmless. Remote folders
 
 towerlib never writes or deletes through a link it did not create: a run
 folder whose control entries (the lock file, the `.saving` staging folder,
-the `checkpoint` state file) are symbolic links is refused in one line
-(`refuse_linked_entries`), and the lock file is opened with O_NOFOLLOW (and
-created with O_EXCL), so a link planted there cannot make towerlib write
-into a user's file or empty a user's folder.
+the `checkpoint` state file) are symbolic links, or of another kind than
+towerlib makes them (a FIFO, a folder where a file belongs, a lock file with
+several hard links), is refused in one line (`refuse_linked_entries`,
+towerlib.run.run_entries), and the lock file is opened with O_NOFOLLOW and
+O_NONBLOCK (and created with O_EXCL), so nothing planted there can make
+towerlib write into a user's file, empty a user's folder, or block. A
+train_dir that is a link to nothing is refused in one line too.
 """
 
 import errno
@@ -26,23 +29,21 @@ try:
 except ImportError:  # not POSIX
     fcntl = None
 
-from towerlib.run import durable_files
+from towerlib.run import durable_files, run_entries
 from towerlib.run.checkpoint_state import SAVING_DIRNAME, STATE_FILENAME, CheckpointError
+from towerlib.run.run_entries import ControlEntryError, LinkedEntryError
 
 LOCK_FILENAME = ".towerlib-lock"
 # The entries of a run folder that towerlib writes, replaces or deletes by name.
 CONTROL_ENTRIES = (LOCK_FILENAME, SAVING_DIRNAME, STATE_FILENAME)
 
-__all__ = ["CONTROL_ENTRIES", "LOCK_FILENAME", "FolderLock", "LinkedEntryError",
+__all__ = ["CONTROL_ENTRIES", "LOCK_FILENAME", "ControlEntryError", "FolderLock",
+           "LinkedEntryError",
            "TrainDirInUseError", "hold", "refuse_linked_entries"]
 
 
 class TrainDirInUseError(CheckpointError):
     """Another process holds train_dir (it trains into it)."""
-
-
-class LinkedEntryError(CheckpointError):
-    """A control entry of train_dir is a symbolic link, which towerlib will not follow."""
 
 
 def _linked_error(train_dir, names):
@@ -58,14 +59,24 @@ def _linked_error(train_dir, names):
 
 def refuse_linked_entries(train_dir):
     """Raises LinkedEntryError (one line) when a CONTROL_ENTRIES name in train_dir is a
-    symbolic link; a no-op for remote folders (gs://, s3://), which have no links."""
+    symbolic link, ControlEntryError when one is of another kind than towerlib makes it
+    (the lock a FIFO, a folder or a file of several links; the state file not a regular
+    file; .saving not a folder). Nothing is opened. A no-op for remote folders."""
     train_dir = str(train_dir)
     if not durable_files.is_local(train_dir):
         return
+    if os.path.islink(train_dir) and not os.path.exists(train_dir):
+        raise ControlEntryError(
+            f"train_dir {train_dir} is a symbolic link to {os.readlink(train_dir)}, which "
+            "does not exist. Fix: create that folder, or remove the link (a folder is "
+            "then made there).")
     linked = [name for name in CONTROL_ENTRIES
               if os.path.islink(os.path.join(train_dir, name))]
     if linked:
         raise _linked_error(train_dir, linked)
+    run_entries.check_file(os.path.join(train_dir, LOCK_FILENAME), single_link=True)
+    run_entries.check_file(os.path.join(train_dir, STATE_FILENAME))
+    run_entries.check_folder(os.path.join(train_dir, SAVING_DIRNAME))
 
 
 def _open_lock_file(train_dir, path):
@@ -74,8 +85,8 @@ def _open_lock_file(train_dir, path):
     try:
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:   # a dead trainer's: harmless, reused
-            fd = os.open(path, flags)
+        except FileExistsError:   # a dead trainer's: harmless, reused; never a FIFO
+            fd = run_entries.open_regular(path, os.O_RDWR, single_link=True)
     except OSError as error:
         if error.errno == errno.ELOOP:   # a link planted after refuse_linked_entries
             raise _linked_error(train_dir, [LOCK_FILENAME]) from None
@@ -97,9 +108,9 @@ class FolderLock:
 
 def _holder(path):
     try:
-        with open(path, encoding="utf-8") as handle:
+        with os.fdopen(run_entries.open_regular(path), encoding="utf-8") as handle:
             return handle.read().strip()
-    except OSError:
+    except (OSError, ControlEntryError):
         return ""
 
 
@@ -109,6 +120,7 @@ def hold(train_dir):
     Raises:
       TrainDirInUseError: another process holds it (its pid named if known).
       LinkedEntryError: a control entry of train_dir is a symbolic link.
+      ControlEntryError: one is a FIFO, a folder or a file of several hard links.
     """
     train_dir = str(train_dir)
     refuse_linked_entries(train_dir)

@@ -11,20 +11,22 @@ place of TensorFlow's where a fault would cost work:
 - a non-finite tower loss stops training with an error naming the step and
   the tower, before anything of that step is saved (towerlib.precision.guards), and no
   checkpoint is written while a variable holds NaN or Inf (run.hooks);
-- the options are validated together first (towerlib.checks.validation).
+- the options are validated together first (towerlib.run.validation).
 """
 
 import collections
 import dataclasses
 import logging
 
+import numpy as np
 import tensorflow as tf
 
-from towerlib.checks import data_checks, loop_options, run_time, validation
+from towerlib.checks import data_checks, loop_options, run_time
 from towerlib.exchange import safety as exchange_safety
 from towerlib.precision import guards
 from towerlib.run import (
     checkpoint_fit,
+    checkpoint_state,
     checkpoints,
     data_position,
     evaluation_loop,
@@ -33,6 +35,7 @@ from towerlib.run import (
     loop_hooks,
     sessions,
     stopping,
+    validation,
 )
 from towerlib.step import devices as devices_lib
 
@@ -165,6 +168,9 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                       "for workers this session cannot reach until the collective timeout.",
                       "run it with towerlib.cluster.run_distributed_training(graph, server, "
                       "...), which waits for every worker and names one that never came."))
+    if not isinstance(is_chief, (bool, np.bool_)):  # "False" would be true
+        wrong.append(("is_chief", f"is {is_chief!r}, not True or False.",
+                      "is_chief=True (this process restores and writes) or False."))
     if wrong:
         raise validation.ConfigError([validation.ConfigProblem(*p) for p in wrong])
     validation.validate_config(
@@ -257,6 +263,7 @@ def _restore_point(loop):
     if restore_from == "newest":
         restore_from = checkpoints.prepare_restore(loop.train_dir)
     elif restore_from is not None:
+        _refuse_later_checkpoints(loop.train_dir, restore_from)
         logger.info("Restoring %s.", restore_from)
     trained = [v for _, v in loop.train_graph.grads_and_vars]
     ema = loop.train_graph.ema
@@ -279,6 +286,34 @@ def _restore_point(loop):
             "the input with towerlib.saved_position_iterator(dataset).", restore_from,
             ", ".join(unsaved))
     return restore_from, partial
+
+
+def _refuse_later_checkpoints(train_dir, restore_from):
+    """Refuses restore_from= into a train_dir that already holds a checkpoint of that
+    step or a later one: the run would train from the older step, leave the steps the
+    folder holds unsaved (a step with a complete checkpoint is never rewritten), and
+    its result would be that other run's checkpoint. A checkpoint of train_dir itself
+    (an older step the workers agreed on, towerlib.cluster.allreduce_job) is this run's:
+    training on from it redoes the same steps."""
+    if checkpoint_state.in_run_folder(train_dir, restore_from):
+        return
+    step = checkpoints.checkpoint_step(restore_from)
+    if step is None:
+        try:
+            step = int(tf.train.load_variable(restore_from, "global_step"))
+        except (ValueError, TypeError, tf.errors.OpError):
+            step = 0
+    later = sorted((s, p) for s, p in checkpoints.restorable_steps(train_dir).items()
+                   if s >= step)
+    if later:
+        newest_step, newest = later[-1]
+        raise checkpoints.CheckpointError(
+            f"restore_from={restore_from} (global step {step}), but train_dir {train_dir} "
+            f"already holds {newest} (step {newest_step}): this run would train from step "
+            f"{step} beside that other run's checkpoints, save none of the steps they hold, "
+            f"and return {newest} as its result. Fix: an empty train_dir to start from "
+            f"{restore_from}, restore_from='newest' to continue the run in {train_dir}, or "
+            "move its later checkpoints away.")
 
 
 def _train(loop, run_hooks, creator):

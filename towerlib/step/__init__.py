@@ -7,7 +7,7 @@ The package, one job per module:
   build.py        build_train_graph: the orchestration, top to bottom
   options.py      every build option checked once and resolved to its object
   objective.py    the weighted objective: tower shares, regularization once
-  across_workers.py  sums over every worker's towers: global batch, global losses
+  across_workers.py  the step across workers: sums, riders, statistics, broadcast
   loss_terms.py   the TF 1 'losses' convention: weight decay inside a tower's loss
   towers.py       the tower function built once per device, variables shared
   context.py      TowerContext (passed explicitly) and TowerRecords
@@ -20,8 +20,4 @@ The package, one job per module:
   devices.py      tower devices, virtual CPUs, where shared variables live
   inputs.py       splitting a global batch over the towers
   summaries.py    tower-aware scalar summaries
-  keras_tower.py  KerasTower: a tf_keras model as the tower function
-  keras_objective.py  its loss and metrics per tower, as model.compile forms them
-  keras_weights.py    its weights as towerlib's variables: routed, copied, frozen
-  keras_export.py     its checkpoint as a SavedModel or Keras' weights file
 """

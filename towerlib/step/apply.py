@@ -17,7 +17,6 @@ function made itself already exist in the towers and run either way.
 import tensorflow as tf
 
 from towerlib.batchnorm import normalization
-from towerlib.batchnorm.modes import resolve_bn_mode
 
 __all__ = ["build_apply", "chosen_update_ops", "user_update_ops"]
 
@@ -29,8 +28,7 @@ def user_update_ops(towers, bn_mode):
     modes every tower's; with gradient accumulation, those of the step's
     first micro-batch (towerlib.step.micro_loop runs them there).
     """
-    mode = resolve_bn_mode(bn_mode)
-    return [op for tower in towers if mode.runs_update_ops_of(tower.context)
+    return [op for tower in towers if bn_mode.runs_update_ops_of(tower.context)
             for op in tower.update_ops]
 
 

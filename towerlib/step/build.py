@@ -15,10 +15,9 @@ from typing import Any, List
 import tensorflow as tf
 
 from towerlib.batchnorm import foreign as foreign_batch_norm
-from towerlib.batchnorm import normalization
 from towerlib.checks import compute_dtypes
 from towerlib.precision import casting, guards
-from towerlib.step import accumulation, across_workers, micro_loop, worker_riders
+from towerlib.step import accumulation, across_workers, micro_loop
 from towerlib.step import apply as apply_step
 from towerlib.step import devices as devices_lib
 from towerlib.step import options as options_lib
@@ -27,7 +26,6 @@ from towerlib.step import towers as towers_lib
 from towerlib.step.context import TowerRecords
 from towerlib.step.objective import StepObjective
 from towerlib.step.train_graph import TrainGraph
-from towerlib.update import broadcast
 from towerlib.update import clipping as clipping_lib
 
 __all__ = ["build_train_graph"]
@@ -89,23 +87,22 @@ def build_train_graph(tower_fn, inputs, optimizer, *, num_towers=None, devices=N
             "tf.compat.v1.disable_eager_execution() first).")
     options = options_lib.resolve_step_options(
         optimizer, tower_fn=tower_fn, **options_lib.STEP_OPTIONS.pick(locals()))
-    options.precision.check_optimizer(optimizer)
     setting = _step_setting(options, global_step)
     stacks, global_examples = (
         accumulation.tower_stacks(inputs, options.accumulation_steps, setting.devices,
                                   options.bn_mode, setting.host)
         if options.accumulation_steps > 1 else (None, None))
-    worker_sums = (across_workers.WorkerSums(setting.reducer)
-                   if options.workers.spans_workers else None)
     objective = StepObjective(global_examples, adds_weight_terms=options.workers.is_chief,
-                              sum_over_workers=worker_sums)
+                              sum_over_workers=setting.crossing.sums)
     micro_batches = _MicroBatches(
         casting.compute_in(tower_fn, options.precision.compute_dtype), optimizer, setting,
         objective, var_list, check_isolation)
     gradients = _step_gradients(micro_batches, stacks or inputs, setting, optimizer,
                                 objective)
     applied = _apply(optimizer, setting, objective, gradients)
-    train_op, broadcast_op = _join_workers(applied, setting, worker_sums)
+    train_op, broadcast_op = setting.crossing.join(applied.train_op, applied.losses,
+                                                   setting.variable_update)
+    _check_exchanges(setting.reducer)
     scalars = (_add_summaries(gradients.records, objective, applied, learning_rate,
                               setting.loss_scale, setting.host) if summaries else {})
     return TrainGraph(
@@ -135,6 +132,7 @@ class _StepSetting:
     variable_update: Any  # towerlib.update.base.VariableUpdate
     global_step: Any
     loss_scale: Any  # None unless float16 scales the loss
+    crossing: Any  # towerlib.step.across_workers: what crosses between workers, if any
 
 
 def _step_setting(options, global_step):
@@ -142,14 +140,16 @@ def _step_setting(options, global_step):
     devices_lib.warn_missing_gpus(devices)
     host = devices_lib.host_cpu(devices[0])
     workers = options.workers
-    reducer = (options.exchange.reducer(devices, workers) if options.exchange is not None
-               and (len(devices) > 1 or workers.spans_workers) else None)
+    towers_in_group = len(devices) * workers.num_workers
+    reducer = (options.exchange.reducer(devices, workers)
+               if options.exchange is not None and towers_in_group > 1 else None)
     variable_update = options.update.build(len(devices), reducer)
     global_step = _global_step_for(global_step, variable_update.param_device, host)
     with tf.device(host):
         loss_scale = options.precision.make_loss_scale()
     return _StepSetting(options, devices, host, reducer, variable_update, global_step,
-                        loss_scale)
+                        loss_scale, across_workers.worker_step(workers, reducer,
+                                                               options.bn_mode))
 
 
 class _MicroBatches:
@@ -245,14 +245,10 @@ def _apply(optimizer, setting, objective, gradients):
     """The towers' gradients combined (all-reduced, unscaled) and applied once."""
     reducer, options = setting.reducer, setting.options
     _check_exchanges(reducer)  # the backward exchanges
-    riders = None
-    if options.workers.spans_workers:  # the step's small sums ride with the gradients
-        with tf.name_scope("worker_riders"):
-            riders = worker_riders.WorkerRiders.build(
-                objective, gradients.records, options.bn_mode, reducer)
+    crossing = setting.crossing
     combined = setting.variable_update.combine(
         gradients.tower_grads_and_vars,
-        riders=None if riders is None else [[vector] for vector in riders.vectors])
+        riders=crossing.riders(objective, gradients.records))
     _check_exchanges(reducer)  # and the gradients' all-reduce
     if setting.loss_scale is not None:
         combined = combined.map_pairs(setting.loss_scale.unscale)
@@ -260,50 +256,15 @@ def _apply(optimizer, setting, objective, gradients):
     if options.clipping is not None:
         combined, norm = clipping_lib.clip_combined(combined, options.clipping, setting.host)
     with tf.device(setting.host), tf.name_scope("losses"):
-        losses = (objective.losses() if riders is None
-                  else riders.losses(objective, combined.riders))
-    # Across workers every worker decides on the global loss, which all share.
-    decided_on = ([losses.loss] if options.workers.spans_workers
-                  else [t.loss for t in objective.towers])
+        losses = crossing.losses(objective, combined)
     train_op, update_ops, ema = apply_step.build_apply(
         optimizer, setting.variable_update, combined.apply_pairs, objective.towers,
         gradients.records, options.bn_mode, setting.global_step,
         ema_decay=options.ema_decay, var_list=gradients.var_list,
-        loss_scale=setting.loss_scale, losses=decided_on,
-        shared_statistics=_statistics_across_workers(riders, combined, gradients.records,
-                                                     options.bn_mode, reducer))
+        loss_scale=setting.loss_scale, losses=crossing.decided_on(losses, objective),
+        shared_statistics=crossing.moving_statistics(gradients.records, combined))
     _check_exchanges(reducer)  # an exchange of the moving statistics of their own
     return _Applied(train_op, update_ops, ema, losses, combined, norm)
-
-
-def _statistics_across_workers(riders, combined, records, bn_mode, reducer):
-    """None on one machine; across workers the moving statistics' input every worker
-    shares: carried by the gradients' exchange, or ('all_towers') gathered alone."""
-    if riders is None:
-        return None
-    carried = riders.statistics(records, combined.riders)
-    if carried is not None:
-        return carried
-    return normalization.statistics_across_workers(records, bn_mode, reducer)
-
-
-def _join_workers(applied, setting, worker_sums):
-    """(train_op, broadcast_op): across workers the global losses run every step, and
-    one op sets every copy to the chief's values at start, and the totals of the
-    batch sizes (when static); else as built, None."""
-    if not setting.options.workers.spans_workers:
-        return applied.train_op, None
-    reducer = setting.reducer
-    # Every step computes the global losses: no worker may skip their exchange.
-    train_op = tf.group(applied.train_op, applied.losses.loss,
-                        name="train_op_across_workers")
-    reducer.start_separate_run()  # run once at start, never with a step
-    broadcast_op = tf.group(
-        broadcast.broadcast_from_chief(
-            reducer, tf.compat.v1.global_variables(), setting.variable_update.copies),
-        worker_sums.start_op())
-    _check_exchanges(reducer)
-    return train_op, broadcast_op
 
 
 def _global_step_for(global_step, param_device, host):

@@ -14,12 +14,7 @@ import tensorflow as tf
 
 from towerlib.batchnorm.modes import BN_MODES, BnMode, resolve_bn_mode
 
-__all__ = ["BN_MODES", "BnMode", "TowerContext", "TowerRecords", "check_bn_mode"]
-
-
-def check_bn_mode(bn_mode):
-    """The BatchNormMode for `bn_mode` (a mode, its name, a BnMode member); ValueError else."""
-    return resolve_bn_mode(bn_mode)
+__all__ = ["BN_MODES", "BnMode", "TowerContext", "TowerRecords"]
 
 
 class TowerRecords:
@@ -75,9 +70,10 @@ class TowerContext:
       device: the device the tower's ops run on, e.g. '/device:GPU:1'.
       is_training: whether layers run in training mode (batch statistics,
         dropout) or inference mode (moving statistics, no dropout).
-      bn_mode: how batch norm treats the towers, a towerlib.batchnorm.modes
-        BatchNormMode (given as one, or as its name in BN_MODES; it compares
-        equal to its name, so a tower function comparing it with 'sync' works).
+      bn_mode: how batch norm treats the towers, a towerlib.BnMode (given as
+        one, or as its name in BN_MODES, resolved here for a context made by
+        hand; it compares equal to its name, so a tower function comparing it
+        with 'sync' works).
       name_scope: the tower's name scope, e.g. 'tower_1/'.
       batch_size: int32 scalar tensor, this tower's number of examples, or
         None when the builder does not know it.
@@ -108,7 +104,7 @@ class TowerContext:
     compute_dtype: tf.DType = tf.float32
 
     def __post_init__(self):
-        object.__setattr__(self, "bn_mode", check_bn_mode(self.bn_mode))
+        object.__setattr__(self, "bn_mode", resolve_bn_mode(self.bn_mode))
         if not 0 <= self.index < self.num_towers:
             raise ValueError(
                 f"Tower index {self.index} is outside 0..{self.num_towers - 1}.")

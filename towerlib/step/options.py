@@ -19,8 +19,9 @@ from typing import Optional, Tuple
 
 import tensorflow as tf
 
-from towerlib.batchnorm.modes import BatchNormMode, resolve_bn_mode
+from towerlib.batchnorm.modes import BnMode, resolve_bn_mode
 from towerlib.checks.declared_options import Option, OptionTable
+from towerlib.checks.problems import Problems, is_int
 from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
 from towerlib.precision.choice import Precision, resolve_precision
@@ -32,9 +33,9 @@ from towerlib.update.base import UpdateChoice
 from towerlib.update.choice import resolve_update
 from towerlib.update.clipping import ClipByGlobalNorm, resolve_clipping
 
-__all__ = ["OPTION_CHECKS", "STEP_OPTIONS", "StepOptions", "check_ema_decay", "check_exchange_applies",
-           "check_optimizer", "check_workers_apply", "resolve_step_options",
-           "resolve_workers"]
+__all__ = ["OPTION_CHECKS", "STEP_OPTIONS", "StepOptions", "check_ema_decay",
+           "check_exchange_applies", "check_optimizer", "check_step_options",
+           "check_workers_apply", "resolve_step_options", "resolve_workers"]
 
 
 # A Keras optimizer's class name -> the tf.compat.v1.train optimizer with its update.
@@ -203,7 +204,7 @@ class StepOptions:
     """
 
     devices: Tuple[str, ...]
-    bn_mode: BatchNormMode
+    bn_mode: BnMode
     update: UpdateChoice
     precision: Precision
     exchange: Optional[ExchangeChoice]
@@ -214,8 +215,9 @@ class StepOptions:
 
 
 def check_exchange_applies(exchange, bn_mode, update):
-    """Refuses an exchange chosen where nothing crosses between the towers."""
-    if exchange is not None and not resolve_bn_mode(bn_mode).normalizes_globally \
+    """Refuses an exchange chosen where nothing crosses between the towers (bn_mode: a
+    resolved BnMode)."""
+    if exchange is not None and not bn_mode.normalizes_globally \
             and not update.exchanges_gradients:
         raise ValueError(
             f"exchange={exchange!r} has no effect: with bn_mode={bn_mode!r} and "
@@ -223,20 +225,66 @@ def check_exchange_applies(exchange, bn_mode, update):
             "or use bn_mode='sync' or update=towerlib.Replicated().")
 
 
+def check_step_options(problems, given, *, optimizer=None, tower_fn=None, inputs=None,
+                       global_batch_size=None, towers=None):
+    """Every option in `given` through its own check, then the rules between them.
+
+    The one combiner of the build's options: resolve_step_options raises what it
+    collects, validate_config reports it. `given` maps STEP_OPTIONS names to values
+    (an option left out takes its default where a rule needs it); the build's
+    arguments are checked when not None. Problems go to `problems`
+    (towerlib.checks.problems.Problems); returns {option: resolved object} of the
+    options whose check passed (the value itself where the check only judges).
+    """
+    arguments = {"tower_fn": tower_fn, "inputs": inputs, "optimizer": optimizer}
+    resolved = {}
+    for name, value in [*((n, v) for n, v in arguments.items() if v is not None),
+                        *given.items()]:
+        check = OPTION_CHECKS.get(name)
+        if check is None:
+            continue
+        before = len(problems.problems)
+        checked = problems.attempt(name, check, value)
+        if len(problems.problems) == before:  # a check that only judges returns None
+            resolved[name] = value if checked is None else checked
+    _check_rules_between(problems, resolved, given, global_batch_size, towers)
+    return resolved
+
+
+def _check_rules_between(problems, resolved, given, global_batch_size, towers):
+    """The rules that join options, each judged only when its options passed."""
+    def chosen(name):  # a rule's option: resolved, else its default's object
+        if name in resolved:
+            return resolved[name]
+        return None if name in given else STEP_OPTIONS[name].check(STEP_OPTIONS[name].default)
+    update, bn_mode = chosen("update"), chosen("bn_mode")
+    if "precision" in resolved and "optimizer" in resolved:
+        problems.attempt("precision", resolved["precision"].check_optimizer,
+                         resolved["optimizer"])
+    if resolved.get("workers") is not None and update is not None:
+        problems.attempt("workers", check_workers_apply, resolved["workers"], update)
+    if resolved.get("exchange") is not None and update is not None and bn_mode is not None:
+        problems.attempt("exchange", check_exchange_applies, resolved["exchange"], bn_mode,
+                         update)
+    steps = resolved.get("accumulation_steps")
+    if steps and is_int(global_batch_size) and global_batch_size >= 1:
+        # Without the tower count, every micro-batch needs one example at least.
+        problems.attempt("accumulation_steps", accumulation.check_batch_covers_micro_batches,
+                         global_batch_size, steps, towers or 1)
+
+
 def resolve_step_options(optimizer, *, tower_fn=None, **options) -> StepOptions:
-    """Checks every build option (the first bad one raises) and resolves them.
+    """Checks every build option and resolves them; raises what check_step_options found
+    (one problem as its check raised it, several as one towerlib.ConfigError).
 
     `options` are STEP_OPTIONS by name (the rest take their defaults): the one
     resolver of build_train_graph's options.
     """
     values = STEP_OPTIONS.with_defaults(options)
-    if tower_fn is not None:
-        towers_lib.as_tower_fn(tower_fn)
-    check_optimizer(optimizer)
-    resolved = {name: check(values[name]) for name, check in STEP_OPTIONS.checks().items()}
+    problems = Problems()
+    resolved = check_step_options(problems, values, optimizer=optimizer, tower_fn=tower_fn)
+    problems.raise_all()
     update, workers, bn_mode = resolved["update"], resolved["workers"], resolved["bn_mode"]
-    check_exchange_applies(resolved["exchange"], bn_mode, update)
-    check_workers_apply(workers, update)
     devices = devices_lib.resolve_devices(values["num_towers"], values["devices"],
                                           values["device_type"])
     needs_exchange = bn_mode.normalizes_globally or update.exchanges_gradients

@@ -18,7 +18,7 @@ from towerlib.checks import tower_batch, tower_isolation
 from towerlib.internals import error_texts
 from towerlib.step import devices as devices_lib
 from towerlib.step import inputs as inputs_lib
-from towerlib.step.context import TowerContext, TowerRecords, check_bn_mode
+from towerlib.step.context import TowerContext, TowerRecords
 from towerlib.update import copies as variable_copies
 
 
@@ -184,7 +184,7 @@ def build_towers(tower_fn, inputs, *, num_towers=None, devices=None,
         tower_fn=as_tower_fn(tower_fn), devices=devices,
         placer=devices_lib.variable_placer(param_device, devices),
         records=records if records is not None else TowerRecords(len(devices)),
-        is_training=is_training, bn_mode=check_bn_mode(bn_mode), cross_tower=cross_tower,
+        is_training=is_training, bn_mode=bn_mode, cross_tower=cross_tower,
         micro_batch=micro_batch, require_loss=require_loss,
         reuse_variables=reuse_variables, copies=variable_getter is not None,
         batches=_TowerBatches.of(inputs, devices))
@@ -245,7 +245,7 @@ class _TowerPlan:
     placer: Any
     records: TowerRecords
     is_training: bool
-    bn_mode: str
+    bn_mode: Any  # a BnMode or its name: each TowerContext resolves it
     cross_tower: Any
     micro_batch: int
     require_loss: bool

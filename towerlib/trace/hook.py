@@ -15,7 +15,9 @@ it). For each chosen step the hook
   - writes output_dir/traces/trace_step_<s>.json (towerlib.trace.chrome)
     and, when matplotlib is installed, trace_step_<s>.png
     (towerlib.trace.picture): in their own folder, apart from the
-    checkpoints and event files; a local path (written with open());
+    checkpoints and event files; a local path (written with open()). A
+    'traces' that is a link, a file, or a folder holding other files than
+    traces is refused (ValueError, one line) in begin, never written through;
   - logs the step's summary line to the 'towerlib' logger (INFO) and keeps
     the StepProfile in `hook.profiles[s]`.
 
@@ -35,6 +37,7 @@ Untraced runs get no RunOptions and no fetch but global_step.
 
 import logging
 import os
+import re
 from typing import Dict, Iterable, Optional, Sequence
 
 import tensorflow as tf
@@ -46,6 +49,31 @@ __all__ = ["TraceHook"]
 logger = logging.getLogger("towerlib")
 
 TRACES_FOLDER = "traces"
+
+
+_TRACE_FILE = re.compile(r"^\.?trace_step_\d+\.(json|png)(\.[^/]+\.tmp)?$")
+
+
+def _check_traces_folder(folder):
+    """Refuses, in one line, a traces folder that is a symbolic link (the traces would
+    overwrite the files it points at), not a folder, or a folder holding files the hook
+    does not write; an absent one is fine (made on the first trace)."""
+    if not os.path.lexists(folder):
+        return
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        what = (f"a symbolic link to {os.readlink(folder)}" if os.path.islink(folder)
+                else "not a folder")
+        raise ValueError(
+            f"{folder} is {what}; TraceHook writes its traces there itself and never "
+            "through a link or over a user's file. Fix: remove it (a link's target is left "
+            "as it is), or give another output_dir.")
+    foreign = sorted(n for n in os.listdir(folder) if not _TRACE_FILE.match(n))
+    if foreign:
+        raise ValueError(
+            f"{folder} holds files TraceHook does not write ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}): a user's folder, whose files a trace "
+            "of the same name would overwrite. Fix: move it away, or give another "
+            "output_dir.")
 
 
 class TraceHook(tf.compat.v1.train.SessionRunHook):
@@ -90,6 +118,7 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
                                  "(pass TrainGraph.global_step).")
         if self._writer is None:
             self._writer = tf.compat.v1.summary.FileWriterCache.get(self._output_dir)
+        _check_traces_folder(self.traces_dir)
 
     def after_create_session(self, session, coord):
         del coord
@@ -126,6 +155,7 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
         self._writer.add_run_metadata(run_metadata, f"step_{step}", global_step=step)
         self._writer.flush()
         profile = analysis.analyze_step(run_metadata, self._tower_devices, step=step)
+        _check_traces_folder(self.traces_dir)  # again: it may have changed since begin
         os.makedirs(self.traces_dir, exist_ok=True)
         base = os.path.join(self.traces_dir, f"trace_step_{step}")
         written = [chrome.write_chrome_trace(run_metadata, base + ".json", profile=profile)]

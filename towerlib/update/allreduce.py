@@ -99,7 +99,7 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None, r
 
     `riders` (None, or per tower a list of float32 vectors, the same shapes in
     every tower) are small sums of the step that cross in the gradients'
-    buffers instead of exchanges of their own (towerlib.step.worker_riders):
+    buffers instead of exchanges of their own (towerlib.step.across_workers):
     with float32 gradients in the first buffer sent, else in one float32
     exchange of their own. Their sums are the second item returned.
 

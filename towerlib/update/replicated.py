@@ -47,10 +47,13 @@ class Replicated(UpdateChoice):
     Attributes:
       pack_bytes: all-reduce buffer size for dense gradients, >= 0 (0: none).
       wire_dtype: None or 'float32' (as computed), 'bfloat16' or 'float16'.
+      shard_update: each weight's optimizer update (and its slots) on one owner
+        tower only, the result copied to the others (towerlib.update.sharded).
     """
 
     pack_bytes: int = DEFAULT_PACK_BYTES
     wire_dtype: Optional[str] = None
+    shard_update: bool = False
     name = "replicated"
 
     def __post_init__(self):
@@ -66,6 +69,9 @@ class Replicated(UpdateChoice):
             raise ValueError(f"Replicated(wire_dtype={self.wire_dtype!r}) is not a wire "
                              "dtype. Fix: None (float32), 'bfloat16' or 'float16'.")
         object.__setattr__(self, "wire_dtype", None if wire == "float32" else wire)
+        if not isinstance(self.shard_update, bool):
+            raise TypeError(f"Replicated(shard_update={self.shard_update!r}) is not a bool. "
+                            "Fix: shard_update=True or False.")
 
     @property
     def exchanges_gradients(self):
@@ -73,7 +79,15 @@ class Replicated(UpdateChoice):
 
     def build(self, num_towers, reducer):
         wire = None if self.wire_dtype is None else tf.as_dtype(self.wire_dtype)
-        return ReplicatedUpdate(num_towers, reducer, self.pack_bytes, wire)
+        if not self.shard_update:
+            return ReplicatedUpdate(num_towers, reducer, self.pack_bytes, wire)
+        if reducer is not None and reducer.group_size > num_towers:
+            raise ValueError(
+                "Replicated(shard_update=True) shards the update among one process's "
+                "towers; across workers it is not built yet. Fix: Replicated() across "
+                "workers, or shard_update=True on one machine.")
+        from towerlib.update import sharded  # below: it extends ReplicatedUpdate
+        return sharded.ShardedUpdate(num_towers, reducer, self.pack_bytes, wire)
 
 
 class ReplicatedUpdate(VariableUpdate):

@@ -8,74 +8,16 @@ options; a training script calls it first with everything it knows (tower
 count, batch sizes, devices, modes, paths), before building the graph.
 """
 
-import dataclasses
 import difflib
-import numbers
 
 import tensorflow as tf
 
 from towerlib.checks import loop_options
-from towerlib.step import accumulation
+from towerlib.checks.problems import ConfigError, ConfigProblem, Problems
 from towerlib.step import devices as devices_lib
 from towerlib.step import options as step_options
-from towerlib.update import choice as update_choice
 
-
-@dataclasses.dataclass(frozen=True)
-class ConfigProblem:
-    """One bad option: which one, what is wrong, and how to fix it."""
-
-    option: str
-    problem: str
-    fix: str
-
-    def __str__(self):
-        # A problem reported by an option's own check already names the fix.
-        return f"{self.option}: {self.problem}" + (f" Fix: {self.fix}" if self.fix else "")
-
-
-class ConfigError(ValueError):
-    """Every problem `validate_config` found, in one error.
-
-    Attributes:
-      problems: the ConfigProblems, in the order the options were checked.
-    """
-
-    def __init__(self, problems):
-        self.problems = list(problems)
-        count = len(self.problems)
-        if count == 1:  # the first line is the problem itself
-            super().__init__(f"{self.problems[0]} (nothing was built or run)")
-            return
-        options = ", ".join(dict.fromkeys(p.option for p in self.problems))
-        lines = [f"{count} problems in the training configuration ({options}; nothing "
-                 "was built or run):"]
-        lines += [f"  - {problem}" for problem in self.problems]
-        super().__init__("\n".join(lines))
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-class _Checker:
-    """Collects problems; each check method adds zero or more."""
-
-    def __init__(self):
-        self.problems = []
-
-    def add(self, option, problem, fix):
-        self.problems.append(ConfigProblem(option, problem, fix))
-
-    def positive_int(self, option, value, fix, allow_none=True, minimum=1):
-        if value is None:
-            if not allow_none:
-                self.add(option, "is required.", fix)
-            return False
-        if not _is_int(value) or value < minimum:
-            self.add(option, f"must be an int >= {minimum}, got {value!r}.", fix)
-            return False
-        return True
+__all__ = ["ConfigError", "ConfigProblem", "validate_config"]
 
 
 def _check_batch(check, towers, global_batch_size, per_tower_batch_size,
@@ -116,15 +58,9 @@ _REQUIRED_FIXES = {
 }
 
 
-# validate_config's own options, next to the build's and the loop's.
+# validate_config's own arguments, next to the build's and the loop's options.
 _OWN = ("tower_fn", "inputs", "optimizer", "global_batch_size", "per_tower_batch_size",
         "probe_writes", "required")
-# The loop options judged with each other (hooks, stop_on_signals and the collective
-# timeout by run_training's pre-check; scaffold, restore_from, evaluation when running).
-_LOOP_CHECKED = ("train_dir", "max_steps", "save_checkpoint_steps", "save_checkpoint_secs",
-                 "save_summaries_steps", "log_every_n_steps", "examples_per_step",
-                 "max_checkpoints_to_keep", "trace_steps", "master", "is_chief",
-                 "session_config")
 
 
 def validate_config(*, tower_fn=None, inputs=None, optimizer=None, global_batch_size=None,
@@ -160,12 +96,12 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, global_batch_
     Raises:
       ConfigError: with one ConfigProblem per problem.
     """
-    check = _Checker()
-    step = {name: options.get(name) for name in step_options.STEP_OPTIONS.names}
-    loop = {name: options.get(name) for name in _LOOP_CHECKED}
-    loop["master"] = options.get("master", "")
-    loop["is_chief"] = options.get("is_chief", True)
+    check = Problems()
     _check_names(check, options)
+    step = {name: options.get(name) for name in step_options.STEP_OPTIONS.names}
+    loop = loop_options.LOOP_OPTIONS.with_defaults(
+        {name: value for name, value in options.items() if name in loop_options.LOOP_OPTIONS},
+        required=False)
     given = dict(step, global_batch_size=global_batch_size, **loop)
     for option in required:
         if given.get(option, None) is None:
@@ -179,14 +115,13 @@ def validate_config(*, tower_fn=None, inputs=None, optimizer=None, global_batch_
         check.add(problem.option, problem.what, problem.fix)
     _check_batch(check, towers, global_batch_size, per_tower_batch_size,
                  loop["examples_per_step"])
-    arguments = dict(tower_fn=tower_fn, inputs=inputs, optimizer=optimizer)
-    resolved = _check_step_options(check, dict(arguments, **{
-        name: value for name, value in step.items() if name in step_options.OPTION_CHECKS}))
-    _check_step_combinations(check, resolved, towers, global_batch_size, step["bn_mode"],
-                             optimizer if "optimizer" in resolved else None)
+    step_options.check_step_options(
+        check, {name: value for name, value in step.items() if value is not None},
+        optimizer=optimizer, tower_fn=tower_fn, inputs=inputs,
+        global_batch_size=global_batch_size, towers=towers)
     _check_loop(check, loop, probe_writes)
-    _check_loop_arguments(check, options)
-    if check.problems:
+    _check_loop_arguments(check, options, loop)
+    if check:
         raise ConfigError(check.problems)
 
 
@@ -208,17 +143,13 @@ def _session_config(check, session_config):
     return session_config
 
 
-def _check_loop_arguments(check, options):
+def _check_loop_arguments(check, options, loop):
     """hooks, stop_on_signals and collective_timeout_secs when given: run_training's own
     pre-check (their types), so both say the same."""
-    given = {name: options[name] for name in ("hooks", "stop_on_signals",
-                                              "collective_timeout_secs") if name in options}
-    if not given:
+    if not {"hooks", "stop_on_signals", "collective_timeout_secs"} & set(options):
         return
-    defaults = {o.name: o.default for o in loop_options.LOOP_OPTIONS.options}
-    arguments = {name: given.get(name, defaults[name]) for name in defaults
-                 if name in ("hooks", "stop_on_signals", "collective_timeout_secs")}
-    for option, problem, fix in loop_options.loop_argument_problems(**arguments):
+    for option, problem, fix in loop_options.loop_argument_problems(
+            loop["hooks"], loop["stop_on_signals"], loop["collective_timeout_secs"]):
         check.add(option, problem, fix)
 
 
@@ -231,53 +162,3 @@ def _check_loop(check, loop, probe_writes):
         loop["is_chief"])
     if loop["trace_steps"] is not None:
         loop_options.check_trace_steps(check, loop["trace_steps"], loop["max_steps"])
-
-
-def _check_step_options(check, options):
-    """Each given build option through its own check; {option: resolved value}."""
-    resolved = {}
-    for option, value in options.items():
-        if value is None:
-            continue
-        try:
-            resolved[option] = step_options.OPTION_CHECKS[option](value)
-        except (ValueError, TypeError) as error:
-            _add_error(check, option, error)
-    return resolved
-
-
-def _add_error(check, option, error):
-    """A check's error as a ConfigProblem: its text up to 'Fix: ', and the fix."""
-    problem, _, fix = str(error).partition(" Fix: ")
-    check.add(option, problem, fix)
-
-
-def _check_step_combinations(check, resolved, towers, global_batch_size, bn_mode,
-                             options_given_optimizer=None):
-    """The rules between build options, with the same functions as the build."""
-    steps = resolved.get("accumulation_steps")
-    if steps and _is_int(global_batch_size) and global_batch_size >= 1:
-        try:  # without the tower count, every micro-batch needs one example at least
-            accumulation.check_batch_covers_micro_batches(global_batch_size, steps,
-                                                          towers or 1)
-        except ValueError as error:
-            _add_error(check, "accumulation_steps", error)
-    if "precision" in resolved and options_given_optimizer is not None:
-        try:
-            resolved["precision"].check_optimizer(options_given_optimizer)
-        except ValueError as error:
-            _add_error(check, "precision", error)
-    if resolved.get("workers") is not None:
-        try:
-            step_options.check_workers_apply(
-                resolved["workers"],
-                resolved.get("update") or update_choice.resolve_update("parameter_server"))
-        except ValueError as error:
-            _add_error(check, "workers", error)
-    if resolved.get("exchange") is not None:
-        try:
-            step_options.check_exchange_applies(
-                resolved["exchange"], bn_mode or "first_tower",
-                resolved.get("update") or update_choice.resolve_update("parameter_server"))
-        except ValueError as error:
-            _add_error(check, "exchange", error)

@@ -10,7 +10,7 @@ The inputs are (features, labels), each a tensor, list or dict as the model
 takes them; each tower calls the model on its shard with `training` set from
 the step (True in training towers, False in evaluation towers) and returns
 {'loss': the loss over its examples as compile forms it (per-output losses
-and loss_weights: towerlib.step.keras_objective), plus per-example metrics
+and loss_weights: towerlib.keras.objective), plus per-example metrics
 for build_eval_graph}.
 
 The model trains as Keras trains it. The variables trained are the model's
@@ -54,10 +54,12 @@ import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
 from towerlib.internals import error_texts, function_graphs, tf_keras
+from towerlib.keras import export as keras_export
+from towerlib.keras import weights as keras_weights
+from towerlib.keras.objective import KerasObjective
+from towerlib.keras.weights import KerasTowerError
 from towerlib.precision import casting
-from towerlib.step import keras_export, keras_weights, loss_terms
-from towerlib.step.keras_objective import KerasObjective
-from towerlib.step.keras_weights import KerasTowerError
+from towerlib.step import loss_terms
 from towerlib.step.towers import TowerModel
 
 __all__ = ["KerasTower"]
@@ -126,7 +128,7 @@ class KerasTower(TowerModel):
         return model
 
     def export_saved_model(self, checkpoint, export_dir):
-        """The model with `checkpoint`'s weights as a SavedModel (towerlib.step.keras_export)."""
+        """The model with `checkpoint`'s weights as a SavedModel (towerlib.keras.export)."""
         return keras_export.export_saved_model(self, checkpoint, export_dir)
 
     def save_weights(self, checkpoint, path):

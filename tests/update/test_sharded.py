@@ -1,0 +1,158 @@
+"""Replicated(shard_update=True): each tower applies the optimizer to its shard only.
+
+Held to unsharded Replicated(): the same arithmetic on the same summed gradient (the
+owner's update is the update every copy makes unsharded), so every weight, slot and
+moving statistic is bit-identical, not only close; and a checkpoint's names and
+values are the unsharded run's, so either restores into the other.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import towerlib
+from tests import helpers
+from tests.update.test_replicated import run
+from towerlib.update import sharded
+
+SHARDED = towerlib.Replicated(shard_update=True)
+SLOW = pytest.mark.slow
+
+
+def _assert_identical(left, right):
+    assert sorted(left) == sorted(right)
+    for name in left:
+        np.testing.assert_array_equal(left[name], right[name], err_msg=name)
+
+
+@pytest.mark.parametrize("optimizer_kind, num_towers, bn_mode", [
+    ("momentum", 2, "first_tower"), ("adam", 3, "sync"),
+    pytest.param("adam", 4, "all_towers", marks=SLOW),
+    pytest.param("momentum", 4, "sync", marks=SLOW)])
+def test_every_weight_slot_and_statistic_is_the_unsharded_run_bit_for_bit(
+        optimizer_kind, num_towers, bn_mode):
+    batch = helpers.image_batch(10, seed=3)  # uneven over 3 and 4 towers
+    unsharded, _, unsharded_copies = run(helpers.conv_bn_model, batch, optimizer_kind,
+                                         num_towers, "replicated", bn_mode=bn_mode)
+    got, _, copies = run(helpers.conv_bn_model, batch, optimizer_kind, num_towers, SHARDED,
+                         bn_mode=bn_mode)
+    _assert_identical(got, unsharded)
+    for name, values in copies.items():  # every tower's copy of a weight: the owner's
+        for tower, value in enumerate(values):
+            np.testing.assert_array_equal(value, unsharded_copies[name][0],
+                                          err_msg=f"{name} tower {tower}")
+
+
+def test_clipping_and_accumulation_are_the_unsharded_run_bit_for_bit():
+    batch = helpers.image_batch(12, seed=5)
+    options = dict(clipping=towerlib.ClipByGlobalNorm(0.05), accumulation_steps=2)
+    unsharded, _, _ = run(helpers.conv_bn_model, batch, "adam", 3, "replicated", **options)
+    got, _, _ = run(helpers.conv_bn_model, batch, "adam", 3, SHARDED, **options)
+    _assert_identical(got, unsharded)
+
+
+def _slot_devices(num_towers, optimizer_kind="adam"):
+    """{slot name: the device it lives on} of a sharded build, and its owners."""
+    with tf.Graph().as_default():
+        images, labels = helpers.image_batch(8)
+        train = towerlib.build_train_graph(
+            helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(num_towers),
+            update=SHARDED)
+        del train
+        every = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
+        names = {v.op.name for v in every}
+        slots = {v.op.name: v.device for v in every
+                 if v.op.name.rsplit("/", 1)[0] in names}
+        return slots
+
+
+def test_a_slot_exists_once_on_its_owner_under_its_plain_name():
+    slots = _slot_devices(3)
+    assert slots and not [name for name in slots if name.startswith("replicated/")], slots
+    devices = {device.rsplit(":", 1)[-1] for device in slots.values()}
+    assert devices == {"0", "1", "2"}, slots  # the three towers each hold some
+
+
+def test_the_balance_rule_puts_the_largest_first_onto_the_lightest_tower():
+    sizes = {"a": 6, "b": 4, "c": 3, "d": 2, "e": 1}
+    assert sharded.owners_by_bytes(sizes, 2) == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 1}
+    for towers in (2, 3, 4, 8):
+        owners = sharded.owners_by_bytes({f"v{i}": 10 + i for i in range(20)}, towers)
+        held = [sum(10 + int(n[1:]) for n, t in owners.items() if t == tower)
+                for tower in range(towers)]
+        assert max(held) <= sum(held) / towers + 29  # 1/N, give or take one variable
+
+
+@pytest.mark.parametrize("first, second", [(SHARDED, "replicated"), ("replicated", SHARDED)])
+def test_a_checkpoint_restores_across_sharding_and_tower_counts(tmp_path, first, second):
+    batch = helpers.image_batch(12, seed=7)
+    prefix = str(tmp_path / "model.ckpt")
+    with tf.Graph().as_default():
+        inputs = tuple(tf.constant(x) for x in batch)
+        train = towerlib.build_train_graph(
+            helpers.conv_dense_model, inputs, tf.compat.v1.train.AdamOptimizer(0.01),
+            devices=helpers.cpu_devices(2), update=first)
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(tf.compat.v1.local_variables_initializer())
+            for _ in range(2):
+                session.run(train.train_op)
+            saver.save(session, prefix)
+            saved = {v.op.name: session.run(v) for v in tf.compat.v1.global_variables()}
+    with tf.Graph().as_default():
+        inputs = tuple(tf.constant(x) for x in batch)
+        train = towerlib.build_train_graph(
+            helpers.conv_dense_model, inputs, tf.compat.v1.train.AdamOptimizer(0.01),
+            devices=helpers.cpu_devices(3), update=second)
+        with tf.compat.v1.Session(config=towerlib.session_config(3)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            tf.compat.v1.train.Saver().restore(session, prefix)
+            session.run(train.sync_copies_op)
+            restored = {v.op.name: session.run(v) for v in tf.compat.v1.global_variables()}
+            for copies in train.variable_copies.values():
+                values = session.run(copies)
+                for value in values[1:]:
+                    np.testing.assert_array_equal(value, values[0])
+    _assert_identical(restored, saved)
+
+
+def test_shard_update_is_a_bool_and_one_machine_only():
+    with pytest.raises(TypeError, match="shard_update=True or False"):
+        towerlib.Replicated(shard_update="yes")
+
+
+@pytest.mark.parametrize("num_towers", [2, 4, pytest.param(8, marks=SLOW)])
+def test_each_tower_holds_a_1_over_n_share_of_the_slots(num_towers):
+    """Read from the built graph: sharded, a tower's slot bytes are 1/N of the unsharded
+    tower's, give or take the largest variable's slots (Adam: 2 per weight)."""
+    def slot_bytes(update):
+        with tf.Graph().as_default():
+            images, labels = helpers.image_batch(16)
+            train = towerlib.build_train_graph(
+                helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+                tf.compat.v1.train.AdamOptimizer(0.01),
+                devices=helpers.cpu_devices(num_towers), update=update)
+            held = towerlib.replica_bytes(train)
+            largest = max(v.shape.num_elements() * 4 for v in tf.compat.v1.trainable_variables())
+            return held, largest
+    unsharded, largest = slot_bytes("replicated")
+    got, _ = slot_bytes(SHARDED)
+    # An unsharded tower holds every slot; tower 0 also Adam's two step powers (8 bytes).
+    whole = max(held["slots"] for held in unsharded.values())
+    assert all(whole - held["slots"] in (0, 8) for held in unsharded.values()), unsharded
+    for device, held in got.items():
+        assert abs(held["slots"] - whole / num_towers) <= 2 * largest + 8, (device, got)
+        assert held["weights"] == unsharded[device]["weights"]
+        assert held["gradients"] == unsharded[device]["gradients"] > 0
+    assert sum(h["slots"] for h in got.values()) == whole
+
+
+def test_across_workers_it_is_refused_in_one_line():
+    with tf.Graph().as_default(), pytest.raises(ValueError, match="across workers it is not"):
+        images, labels = helpers.image_batch(8)
+        towerlib.build_train_graph(
+            helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
+            update=SHARDED, workers=towerlib.WorkerGroup(2, 0))
