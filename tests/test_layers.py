@@ -24,7 +24,8 @@ LAYERS = [
     ["update"],                             # parameter server, replicated copies
     ["batchnorm", "precision"],             # batch norm across towers; dtypes, guards
     ["checks"],                             # build-time checks of towers and data
-    ["step", "layers", "schedules", "optimizers"],  # the step; layers; rates; LARS, LAMB
+    ["step", "layers", "schedules", "optimizers", "data"],  # the step; layers; rates;
+    #                                        LARS, LAMB; record sources read by index
     ["keras"],                              # the Keras front end (KerasTower)
     ["run"],                                # the training loop
     ["cluster"],                            # several machines

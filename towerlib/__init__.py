@@ -14,6 +14,7 @@ The packages, by concern:
   precision/  compute dtypes and loss scaling
   batchnorm/  batch norm across towers: the modes, the TF 1 layer swap, foreign layers
   exchange/   cross-tower reductions (sync batch norm, the all-reduce)
+  data/       record sources read by index (TFRecords, fixed-length), the read order
   run/        the training loop: hooks, checkpoints, guards, stopping, data position
   checks/     validation of options and data, build-time checks of the tower function
   cluster/    several machines
@@ -71,7 +72,9 @@ if TYPE_CHECKING:
     from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
     from towerlib.run.data_position import DataPositionError, saved_position_iterator
     from towerlib.run.determinism import seed_everything
-    from towerlib.run.global_batches import FixedLengthRecords, global_batch_input
+    from towerlib.data.order import global_batch_examples
+    from towerlib.data.sources import FixedLengthRecords, TFRecords
+    from towerlib.run.global_batches import global_batch_input
     from towerlib.run.evaluation_loop import Evaluation
     from towerlib.run.moving_statistics import check_moving_statistics
     from towerlib.precision.guards import NonFiniteError, guard_numerics
@@ -106,7 +109,8 @@ __all__ = [
     "check_moving_statistics", "check_record_files", "find_restorable_checkpoint",
     "guard_numerics",
     # The input pipeline's position in checkpoints.
-    "DataPositionError", "FixedLengthRecords", "global_batch_input",
+    "DataPositionError", "FixedLengthRecords", "TFRecords", "global_batch_examples",
+    "global_batch_input",
     "saved_position_iterator",
     "seed_everything", "validate_config",
 ]

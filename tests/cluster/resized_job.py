@@ -8,7 +8,9 @@ without batch norm; in float32 or float16 with its loss scale; evaluated
 every 5 steps or not) with Momentum and towerlib.Replicated() on a fixed table
 of examples until --max_steps, resuming from what --train_dir holds. The
 input is either towerlib.global_batch_input ('global': the global batch of a
-step is fixed by the seed and the position) or the shard-then-shuffle input
+step is fixed by the seed and the position; 'tfrecords': the same over the
+table written as TFRecord shards in --data_dir, read by index) or the
+shard-then-shuffle input
 the CIFAR-10 example used ('sharded': each worker shuffles its own shard,
 and a restart starts it from its beginning). The test reads the checkpoints.
 """
@@ -68,9 +70,13 @@ def evaluation(batch_norm, devices):
                                num_batches=1, keep_best=False, patience=100)
 
 
-def inputs(kind, group):
+def inputs(kind, group, data_dir=None):
     if kind == "global":
         return towerlib.global_batch_input(table(), GLOBAL_BATCH, seed=SEED, workers=group)
+    if kind == "tfrecords":
+        from tests.data.record_files import decode
+        source = towerlib.TFRecords(f"{data_dir}/train-*.tfrecord", decode=decode)
+        return towerlib.global_batch_input(source, GLOBAL_BATCH, seed=SEED, workers=group)
     base, extra = divmod(GLOBAL_BATCH, group.num_workers)
     size = base + (1 if group.worker_index < extra else 0)
     dataset = tf.data.Dataset.from_tensor_slices(table()).shard(
@@ -87,7 +93,9 @@ def main():
     parser.add_argument("--towers", type=int, default=1)
     parser.add_argument("--accumulation_steps", type=int, default=1)
     parser.add_argument("--batch_norm", type=int, default=1)
-    parser.add_argument("--input", choices=["global", "sharded"], default="global")
+    parser.add_argument("--input", choices=["global", "sharded", "tfrecords"],
+                        default="global")
+    parser.add_argument("--data_dir", default=None)
     parser.add_argument("--float16", type=int, default=0)
     parser.add_argument("--evaluate", type=int, default=0)
     parser.add_argument("--train_dir", required=True)
@@ -104,7 +112,7 @@ def main():
     model = tower_fn(bool(args.batch_norm))
     if args.workers == 1:
         with tf.Graph().as_default():
-            batch = inputs(args.input, towerlib.WorkerGroup(1, 0))
+            batch = inputs(args.input, towerlib.WorkerGroup(1, 0), args.data_dir)
             train = towerlib.build_train_graph(model, batch, optimizer,
                                                num_towers=args.towers, device_type="cpu",
                                                **options)
@@ -118,7 +126,7 @@ def main():
         server = cluster_lib.start_server(cluster, args.towers)
         with tf.Graph().as_default():
             with tf.device(f"{cluster.task_device}/device:CPU:0"):
-                batch = inputs(args.input, cluster.worker_group)
+                batch = inputs(args.input, cluster.worker_group, args.data_dir)
             graph = cluster_lib.build_sync_train_graph(
                 model, batch, optimizer, cluster, num_towers=args.towers,
                 device_type="cpu", **options)

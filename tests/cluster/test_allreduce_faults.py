@@ -146,14 +146,22 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
         group.close()
 
 
-@pytest.mark.parametrize("flag, item, own, chief", [
-    ("--learning_rate=0.2", "optimizer learning_rate", "0.2", "0.1"),
-    ("--num_towers=1", "number of towers", "1", "2"),
-    ("--bn_mode=all_towers", "option bn_mode", "'all_towers'", "'sync'"),
-    ("--max_steps=30", "max_steps", "30", "20"),
+FLAGS_FIX = "Fix: start every worker with the same flags"
+DATA_FIX = "Fix: give every worker the same data"
+
+
+@pytest.mark.parametrize("flag, item, own, chief, fix", [
+    ("--learning_rate=0.2", "optimizer learning_rate", "0.2", "0.1", FLAGS_FIX),
+    ("--num_towers=1", "number of towers", "1", "2", FLAGS_FIX),
+    ("--bn_mode=all_towers", "option bn_mode", "'all_towers'", "'sync'", FLAGS_FIX),
+    ("--max_steps=30", "max_steps", "30", "20", FLAGS_FIX),
+    # global_batch_input's source and order: another n, or another seed (which also
+    # changes this example's table, but the seed is named: it is the cause).
+    ("--num_examples=200", "input 'global_batches' examples", "200", "256", DATA_FIX),
+    ("--seed=1", "input 'global_batches' seed", "1", "0", DATA_FIX),
 ])
 def test_workers_built_from_different_flags_stop_at_once_naming_the_difference(
-        processes, tmp_path, flag, item, own, chief):
+        processes, tmp_path, flag, item, own, chief, fix):
     """Copies that would drift apart (or a collective that would wait
     for the step deadline) are refused at startup, on both workers, in one line."""
     flags = worker_flags(tmp_path / "train", 20)
@@ -164,6 +172,6 @@ def test_workers_built_from_different_flags_stop_at_once_naming_the_difference(
         assert processes.wait(name, 60) == 2, processes.describe(name)
         line = one_error_line(processes.log_text(name))
         assert (f"Worker 1 builds another step than the chief: its {item} is {own}, the "
-                f"chief's {chief}. Fix: start every worker with the same flags") in line
+                f"chief's {chief}. {fix}") in line
         assert "step 1," not in processes.log_text(name)  # no step ran
     assert time.monotonic() - started < 60  # seconds, not a step deadline

@@ -36,9 +36,10 @@ def processes(tmp_path):
 
 
 def train(processes, train_dir, max_steps, workers, towers, k=1, batch_norm=True,
-          kind="global", float16=False, evaluate=False):
+          kind="global", float16=False, evaluate=False, data_dir=None):
     """Trains (or resumes) train_dir to max_steps on workers x towers x k."""
     common = [f"--train_dir={train_dir}", f"--max_steps={max_steps}",
+              *([f"--data_dir={data_dir}"] if data_dir else []),
               f"--towers={towers}", f"--accumulation_steps={k}",
               f"--batch_norm={int(batch_norm)}", f"--input={kind}",
               f"--workers={workers}", f"--float16={int(float16)}",
@@ -139,4 +140,24 @@ def test_a_worker_back_with_an_older_folder_takes_the_chiefs_position(processes,
     assert "Restoring " + str(resized / "model.ckpt-20.") in chief_log
     assert "model.ckpt-10" not in processes.log_text("resized_30_2x2x1_1")
     expected, got = saved_values(whole, 30), saved_values(resized, 30)
+    assert max(np.abs(expected[n] - got[n]).max() for n in expected) < 1e-5
+
+
+def test_a_run_over_tfrecord_shards_resized_twice_continues_the_uninterrupted_one(
+        processes, tmp_path):
+    # The table as 4 TFRecord shards read by index: 2 x 2 to step 10, one machine of 3
+    # towers to 20, 3 workers of one tower to 30, against 2 x 2 for 30 steps.
+    from tests.cluster import resized_job
+    from tests.data.record_files import write_shards
+    data = tmp_path / "shards"
+    write_shards(data, *resized_job.table(), num_shards=4)
+    whole, resized = tmp_path / "uninterrupted", tmp_path / "resized"
+    train(processes, whole, 3 * STEPS_EACH, 2, 2, kind="tfrecords", data_dir=data)
+    for max_steps, topology in ((10, (2, 2)), (20, (1, 3)), (30, (3, 1))):
+        train(processes, resized, max_steps, *topology, kind="tfrecords", data_dir=data)
+    expected, got = saved_values(whole, 30), saved_values(resized, 30)
+    assert sorted(got) == sorted(expected)
+    assert "global_batches/source_fingerprint" in expected
+    moved = max(np.abs(expected[n] - saved_values(whole, 20)[n]).max() for n in expected)
+    assert moved > 1e-2  # the last 10 steps move the weights
     assert max(np.abs(expected[n] - got[n]).max() for n in expected) < 1e-5

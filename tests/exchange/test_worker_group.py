@@ -228,6 +228,23 @@ def test_resume_step_is_the_chiefs_newest_when_the_chief_carries_the_input_posit
     assert choose_resume_step(steps, chief_decides=True) == expected
 
 
+def test_the_lost_workers_message_names_the_checkpoint_the_restart_resumes_from():
+    """With every input's position in the chief's broadcast (global_batch_input) the
+    restart resumes from the chief's newest checkpoint, not the newest all workers have."""
+    from tests.distributed_processes import free_ports
+    from towerlib import cluster as cluster_lib
+    from towerlib.cluster.allreduce_job import _lost_message
+    ports = free_ports(2)  # nobody listens: worker 1 is gone
+    cluster = cluster_lib.cluster_from_flags(
+        worker_hosts=f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}", job_name="worker",
+        task_index=0)
+    broadcast = _lost_message(cluster, 5, "its run 3 could not complete", True)
+    own = _lost_message(cluster, 5, "its run 3 could not complete", False)
+    assert "resume from the chief's newest checkpoint" in broadcast
+    assert "all of them have" not in broadcast
+    assert "resume from the newest checkpoint all of them have" in own
+
+
 def test_float16_with_batch_norm_builds_across_workers():
     """The moving statistics' exchange is built outside float16's skip (a tf.cond):
     every worker runs it whether or not the step applies."""

@@ -243,3 +243,38 @@ def test_index_shuffle_takes_one_seed_per_index_and_keeps_its_permutations():
         "runs would resume on other examples (towerlib/internals/index_shuffle.py).")
     mixed = index_shuffle.shuffled_indices([2, 3], [[5, 0, 7], [5, 1, 7]], 9).numpy()
     assert mixed.tolist() == [0, 3]
+
+
+def test_tfrecord_dataset_v2_reads_one_record_at_a_byte_offset_and_checks_its_crc(tmp_path):
+    from towerlib.internals import record_reads
+    path = str(tmp_path / "records.tfrecord")
+    payloads = [bytes([k]) * (100 + k) for k in range(4)]
+    with tf.io.TFRecordWriter(path) as writer:
+        for payload in payloads:
+            writer.write(payload)
+    offsets = [sum(len(p) + 16 for p in payloads[:k]) for k in range(4)]
+
+    def read(file, k):
+        with tf.Graph().as_default():
+            # Inside a tf.data function, as towerlib reads it (its graph serialization
+            # drops byte_offsets, which only a top-level dataset needs).
+            dataset = tf.data.Dataset.from_tensors(tf.constant(k, tf.int64)).map(
+                lambda i: record_reads.tfrecord_at(
+                    tf.constant(file), tf.gather(offsets, i),
+                    tf.constant(len(payloads[k]), tf.int64)).get_single_element())
+            with tf.compat.v1.Session() as session:
+                return session.run(tf.compat.v1.data.make_one_shot_iterator(
+                    dataset).get_next())
+
+    try:
+        got = [read(path, k) for k in (2, 0, 3)]
+    except (AttributeError, TypeError, tf.errors.OpError) as error:
+        _broken("tf.raw_ops.TFRecordDatasetV2(byte_offsets=...) with "
+                "tf.data.experimental.from_variant", "record_reads", error)
+    assert got == [payloads[2], payloads[0], payloads[3]]
+    data = bytearray(open(path, "rb").read())
+    data[offsets[1] + 12 + 5] ^= 1  # one payload byte of record 1
+    bad = str(tmp_path / "bad.tfrecord")
+    open(bad, "wb").write(bytes(data))
+    with pytest.raises(tf.errors.DataLossError, match="corrupted record"):
+        read(bad, 1)

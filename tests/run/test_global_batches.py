@@ -100,12 +100,13 @@ def test_resumed_on_another_worker_count_reads_the_same_global_batches(tmp_path)
     assert _global_batches(2, steps=4, restore=prefix) == uninterrupted[3:]
 
 
-def test_the_saved_state_is_four_numbers(tmp_path):
+def test_the_saved_state_is_six_numbers(tmp_path):
     prefix = str(tmp_path / "model.ckpt")
     _labels_read(3, save=prefix)
     saved = tf.compat.v1.train.NewCheckpointReader(prefix).get_variable_to_shape_map()
     assert sorted(saved) == sorted(f"global_batches/{key}" for key in (
-        "seed", "global_batch_size", "examples_before", "batches_read"))
+        "seed", "global_batch_size", "examples_before", "batches_read", "num_examples",
+        "source_fingerprint"))
     assert all(shape == [] for shape in saved.values())
 
 

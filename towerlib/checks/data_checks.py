@@ -114,6 +114,12 @@ def _expand(paths):
     return found, problems
 
 
+def expand_paths(paths):
+    """(the files a directory, glob pattern, path or list of them names, in order;
+    a line for each entry that names none)."""
+    return _expand(paths)
+
+
 def check_record_files(paths, record_bytes, *, header_bytes=0, footer_bytes=0,
                        min_records=1):
     """Checks fixed-length-record files by size, before anything reads them.

@@ -15,6 +15,12 @@ with one line naming the item and both values:
 
 What cannot be read (a learning rate computed by a schedule tensor) is
 compared by its kind only; the shares of the global batch may differ by design.
+Each towerlib.global_batch_input is described by its seed, global batch,
+number of examples and source fingerprint: workers reading other data, or
+in another order, would train on batches no one chose:
+
+    Worker 1 builds another step than the chief: its input 'global_batches'
+    examples is 90, the chief's 100. Fix: give every worker the same data ...
 """
 
 import copy
@@ -26,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerlib.internals import collective_ops
+from towerlib.run import global_batches
 from towerlib.step import across_workers
 
 # The startup exchange's collective group: apart from the training graph's.
@@ -80,9 +87,27 @@ def describe_step(train_graph, optimizer, build_options):
     for name, value in sorted(build_options.items()):
         if name not in ("global_step", "device_function", "learning_rate"):
             items[f"option {name}"] = _value_text(value)
+    items.update(_input_items(train_graph.train_op.graph))
     return {name: text if len(text) <= _MAX_ITEM_CHARS else
             "digest " + hashlib.sha256(text.encode()).hexdigest()[:12]
             for name, text in items.items()}
+
+
+def _input_items(graph):
+    """{'input <name> seed': ..., global batch, examples, source fingerprint}."""
+    items = {}
+    for built in global_batches.inputs_of(graph):
+        prefix = f"input {built.name!r}"
+        items.update({f"{prefix} seed": str(built.seed),
+                      f"{prefix} global batch": str(built.global_batch_size),
+                      f"{prefix} examples": str(built.num_examples),
+                      f"{prefix} source fingerprint": f"{built.fingerprint & (2**64 - 1):016x}"})
+    return items
+
+
+def _compared_first(item):
+    """A seed first: another seed is the cause, the data's other figures its symptoms."""
+    return (not item.endswith(" seed"), item)
 
 
 def describe_loop(max_steps, run_kwargs):
@@ -119,7 +144,7 @@ def first_difference(descriptions):
     """
     chief = descriptions[0]
     for worker, own in enumerate(descriptions[1:], start=1):
-        for item in sorted(set(chief) | set(own)):
+        for item in sorted(set(chief) | set(own), key=_compared_first):
             if own.get(item) != chief.get(item):
                 return worker, item, own.get(item, "missing"), chief.get(item, "missing")
     return None
@@ -142,7 +167,9 @@ def check_workers_agree(cluster, server, session_config, description, timeout_se
     difference = first_difference([_decoded(row) for row in rows])
     if difference is not None:
         worker, item, own, chief = difference
-        raise ValueError(
-            f"Worker {worker} builds another step than the chief: its {item} is {own}, "
-            f"the chief's {chief}. Fix: start every worker with the same flags (the "
-            "same model, optimizer, towers and options); only the data shard differs.")
+        fix = ("give every worker the same data (the same files or arrays, in the same "
+               "order), seed and global batch" if item.startswith("input ") else
+               "start every worker with the same flags (the same model, optimizer, "
+               "towers and options); only the data shard differs")
+        raise ValueError(f"Worker {worker} builds another step than the chief: its {item} "
+                         f"is {own}, the chief's {chief}. Fix: {fix}.")

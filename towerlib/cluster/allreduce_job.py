@@ -234,14 +234,16 @@ class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
 class _OneSessionOnly(tf.compat.v1.train.SessionCreator):
     """No second session: after a collective failed, TensorFlow's abort is permanent."""
 
-    def __init__(self, creator, cluster):
+    def __init__(self, creator, cluster, chief_decides):
         self._creator = creator
         self._cluster = cluster
+        self._chief_decides = chief_decides
         self._created = False
 
     def create_session(self):
         if self._created:
-            raise WorkerLostError(_lost_message(self._cluster, None, "its step failed"))
+            raise WorkerLostError(_lost_message(self._cluster, None, "its step failed",
+                                                self._chief_decides))
         self._created = True
         return self._creator.create_session()
 
@@ -274,7 +276,7 @@ def _mean_over_workers(cluster):
     return agree
 
 
-def _lost_message(cluster, deadline_secs, what):
+def _lost_message(cluster, deadline_secs, what, chief_decides=False):
     gone = _gone_workers(cluster)
     if gone:
         cause = ", ".join(f"{task} ({address})" for task, address in gone.items()) + (
@@ -286,9 +288,11 @@ def _lost_message(cluster, deadline_secs, what):
                  "the deadline")
     else:
         cause = "a worker left the collective group"
+    resume = ("the chief's newest checkpoint" if chief_decides else
+              "the newest checkpoint all of them have")
     return (f"Worker {cluster.replica_index}: {what}: {cause}. TensorFlow's collectives "
             "cannot go on in this process. Fix: restart every worker with the same "
-            "command; they resume from the newest checkpoint all of them have "
+            f"command; they resume from {resume} "
             "(raise step_deadline_secs if steps are this slow).")
 
 
@@ -330,6 +334,7 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
             "save_checkpoint_secs saves each worker at different steps, and a restart "
             "needs a step every worker saved. Fix: save_checkpoint_steps across workers.")
     wait_for_workers(cluster, startup_timeout_secs)
+    chief_decides = _positions_broadcast(graph.train_graph)
     if graph.step_description is not None:
         # The loop's options too: a worker with another max_steps (or evaluation) would
         # leave the others waiting at a step it never runs.
@@ -341,17 +346,17 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
         except _LOST_PEER_ERRORS:
             raise WorkerLostError(_lost_message(
                 cluster, startup_timeout_secs, "the workers could not compare their "
-                "steps")) from None
+                "steps", chief_decides)) from None
     own_dir = worker_train_dir(train_dir, cluster)
     tf.io.gfile.makedirs(own_dir)
     try:
         restore_from = agree_on_checkpoint(
             cluster, server, graph.session_config, own_dir, startup_timeout_secs,
-            chief_decides=_positions_broadcast(graph.train_graph))
+            chief_decides=chief_decides)
     except _LOST_PEER_ERRORS:
         raise WorkerLostError(_lost_message(
             cluster, startup_timeout_secs, "the workers could not agree on a checkpoint "
-            "to resume from")) from None
+            "to resume from", chief_decides)) from None
     if run_kwargs.get("evaluation") is not None and cluster.num_replicas > 1:
         run_kwargs["evaluation"] = run_kwargs["evaluation"].with_agreement(
             _mean_over_workers(cluster))
@@ -367,9 +372,10 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
             graph.train_graph, train_dir=own_dir, max_steps=max_steps, hooks=all_hooks,
             session_config=config, master=server.target, is_chief=True,
             restore_from=restore_from,
-            session_creator_wrapper=lambda creator: _OneSessionOnly(creator, cluster),
+            session_creator_wrapper=lambda creator: _OneSessionOnly(creator, cluster,
+                                                                    chief_decides),
             **run_kwargs)
     except _LOST_PEER_ERRORS:
         raise WorkerLostError(_lost_message(
-            cluster, step_deadline_secs, f"its run {deadline.runs} could not complete")) \
-            from None
+            cluster, step_deadline_secs, f"its run {deadline.runs} could not complete",
+            chief_decides)) from None

@@ -29,7 +29,7 @@ whole cache: prefer reading the files again).
 Its limits: the state is one process's pipeline, tied to its shard of the
 data and so to the number of workers; a resume on another number of workers
 cannot restore it. Where the examples can be read by index (arrays,
-fixed-length records), `towerlib.global_batch_input` saves four numbers
+TFRecord shards, fixed-length records), `towerlib.global_batch_input` saves six numbers
 instead and resumes on any topology (towerlib/run/global_batches.py).
 """
 
