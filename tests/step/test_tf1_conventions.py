@@ -8,6 +8,7 @@ whole batch.
 """
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -257,6 +258,9 @@ def test_run_training_logs_examples_per_sec_without_examples_per_step(
     lines = [r.getMessage() for r in caplog.records if "loss =" in r.getMessage()]
     assert len(lines) == 2, lines
     assert all("examples/sec" in line and "sec/batch" in line for line in lines)
+    # The progress of the run and an estimate of the time left end each line.
+    assert [re.search(r"; (\d+)/4, about \d+m\d\ds left$", line).group(1)
+            for line in lines] == ["2", "4"], lines
 
 
 def test_explicit_examples_per_step_wins():

@@ -76,7 +76,7 @@ def build_hooks(loop):
         loop.examples_per_step if loop.examples_per_step is not None
         else examples_per_step_of(train_graph),
         step_after_update=step_after, loss_scale=train_graph.loss_scale,
-        summary_writer=summary_writer)
+        summary_writer=summary_writer, max_steps=loop.max_steps)
     session_keeper = hooks_lib.SessionKeeper()
     all_hooks = [tf.compat.v1.train.StopAtStepHook(last_step=loop.max_steps),
                  step_logger, session_keeper]
