@@ -9,6 +9,9 @@ From the same initial weights on the same global batches both end with the same 
 and moving statistics (tests/examples/test_tower_loop_by_hand.py holds them to 1e-5).
 """
 
+import examples.cifar10  # noqa: F401  (first: keeps TensorFlow's start-up lines quiet)
+
+# isort: split
 import argparse
 import sys
 

@@ -198,3 +198,17 @@ def test_a_task_past_the_stop_grace_is_named_with_the_stop_time(tmp_path):
                            "the stop signal: SIGKILLed"), note
     assert 1.0 <= stopped < 8.0, note
     assert_none_alive(tmp_path)
+
+
+@pytest.mark.parametrize("given, seen", [(None, "1"), ("0", "0")])
+def test_tasks_start_without_tensorflows_info_lines_unless_asked(given, seen):
+    """TensorFlow's C++ banner and INFO lines would print on every attempt of every
+    task: tasks get TF_CPP_MIN_LOG_LEVEL=1 (warnings and errors stay), unless it is set."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if given is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = given
+    command = [sys.executable, "-c",
+               "import os; print('level', os.environ.get('TF_CPP_MIN_LOG_LEVEL'))"]
+    result, out, err = launch(command, workers=1, env=env)
+    assert result.status == 0, err
+    assert f"level {seen}" in out, out

@@ -325,6 +325,9 @@ class Launcher:
         env[ports_lib.REUSE_PORT_VARIABLE] = "1"
         env[RESTART_VARIABLE] = str(restarts)
         env.setdefault("PYTHONUNBUFFERED", "1")   # a Python task's lines as they come
+        # TensorFlow's C++ start-up banner and INFO lines, on every attempt of every task,
+        # bury what the task says; its warnings and errors stay. Set it to show them.
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         child = children_lib.start_child(task, self.command, env, self.output)
         self.watchdog.opened(child.pid)   # its session: the task's pid
         return child
