@@ -34,6 +34,11 @@ def site(tmp_path_factory):
          str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-5000:]
+    # Only mkdocs' own three lines: no "link target not found" noise for repository files.
+    said = [line for line in result.stderr.splitlines() if line.strip()
+            and not re.match(r"INFO\s+-\s+(Cleaning site|Building documentation|"
+                             r"Documentation built)", line)]
+    assert said == [], said
     return site
 
 
@@ -112,6 +117,11 @@ def test_the_site_has_no_dead_link(site):
                     dead.append(where + " (no such heading)")
     assert not dead, "\n".join(dead)
     assert (site / "repository" / "BENCHMARKS.md").is_file()
+    # A page's link into a repository Markdown file opens it rendered, where anchors work.
+    raw = [f"{page.relative_to(site)}: {link}" for page, parsed in pages.items()
+           for link in parsed.links if re.search(r"\.md(#|$)", link)
+           and not re.match(r"[a-z]+:", link)]
+    assert raw == [], raw
 
 
 def _public_names():
