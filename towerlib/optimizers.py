@@ -130,9 +130,11 @@ class LAMBOptimizer(_TrustRatioOptimizer):
                  excluded=None, use_locking=False, name="LAMB"):
         super().__init__(learning_rate, weight_decay, excluded, use_locking, name)
         _check_finite(name, epsilon=epsilon)
-        if not (0 <= beta1 < 1 and 0 <= beta2 < 1 and epsilon > 0):
-            raise ValueError(f"LAMB: beta1, beta2 must be in [0, 1) and epsilon > 0, got "
-                             f"{beta1!r}, {beta2!r}, {epsilon!r}.")
+        # An epsilon that float32 rounds to 0 divides a zero gradient's 0 by 0.
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1 and epsilon >= _FLOAT32_TINY):
+            raise ValueError(f"LAMB: beta1, beta2 must be in [0, 1) and epsilon >= "
+                             f"{_FLOAT32_TINY:.3g} (a float32 above 0), got {beta1!r}, "
+                             f"{beta2!r}, {epsilon!r}. Fix: e.g. epsilon=1e-6.")
         self._beta1, self._beta2, self._epsilon = float(beta1), float(beta2), float(epsilon)
 
     def _create_slots(self, var_list):
@@ -172,6 +174,9 @@ class LAMBOptimizer(_TrustRatioOptimizer):
                            beta2_power.assign(beta2_power * self._beta2,
                                               use_locking=self._use_locking)]
         return tf.group(*update_ops + updates, name=name_scope)
+
+
+_FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 
 
 def _check_rate(rate, name):

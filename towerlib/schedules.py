@@ -116,11 +116,12 @@ class PiecewiseConstant:
         given = self.boundaries
         listed = hasattr(given, "__iter__") and not isinstance(given, (str, bytes, dict))
         bounds = tuple(given) if listed else None
-        _check(bounds is not None and all(_is_whole(b) and b >= 0 for b in bounds)
+        _check(bounds is not None and all(_is_whole(b) and 0 <= b < 2**63 - 1 for b in bounds)
                and all(a < b for a, b in zip(bounds, bounds[1:]))
                and _is_real(self.factor) and 0 < self.factor <= 1,
                f"PiecewiseConstant({given!r}, factor={self.factor!r}): boundaries must be "
-               "a list of whole steps >= 0, strictly ascending (a repeated step would decay "
+               "a list of whole steps >= 0 (below 2**63 - 1: global_step is an int64), "
+               "strictly ascending (a repeated step would decay "
                "twice), and the factor in (0, 1]. Fix: e.g. PiecewiseConstant([100, 150]).")
         object.__setattr__(self, "boundaries", tuple(int(b) for b in bounds))
 
@@ -185,9 +186,10 @@ class PolynomialDecay:
 
     def __post_init__(self):
         _check(_is_int(self.total_steps) and self.total_steps >= 1
-               and 0 <= self.end_fraction <= 1 and self.power > 0,
+               and 0 <= self.end_fraction <= 1 and _is_real(self.power)
+               and 0 < self.power < math.inf,
                f"PolynomialDecay(total_steps={self.total_steps!r}, ...): total_steps an "
-               "int >= 1, end_fraction in [0, 1], power > 0.")
+               "int >= 1, end_fraction in [0, 1], power a finite number > 0.")
 
     def check_after(self, warmup_steps):
         """Refuses a decay that ends before the warm-up does."""

@@ -278,3 +278,21 @@ def test_tfrecord_dataset_v2_reads_one_record_at_a_byte_offset_and_checks_its_cr
     open(bad, "wb").write(bytes(data))
     with pytest.raises(tf.errors.DataLossError, match="corrupted record"):
         read(bad, 1)
+
+
+def test_tf1_optimizers_keep_their_rate_and_momentum_where_towerlib_reads_them():
+    from towerlib.internals import optimizer_settings
+
+    train = tf.compat.v1.train
+    cases = [(train.GradientDescentOptimizer(0.25), {"learning_rate": 0.25}),
+             (train.MomentumOptimizer(0.25, 0.5), {"learning_rate": 0.25, "momentum": 0.5}),
+             (train.AdamOptimizer(0.25), {"learning_rate": 0.25}),
+             (train.RMSPropOptimizer(0.25, momentum=0.5), {"learning_rate": 0.25,
+                                                           "momentum": 0.5}),
+             (train.AdagradOptimizer(0.25), {"learning_rate": 0.25})]
+    for optimizer, want in cases:
+        got = optimizer_settings.settings(optimizer)
+        if got != want:
+            _broken(f"{type(optimizer).__name__}'s private attributes holding its "
+                    "constructor's learning_rate and momentum", "optimizer_settings",
+                    f"read {got}, want {want}")

@@ -14,6 +14,7 @@ import os
 import signal
 import uuid
 
+import numpy as np
 import tensorflow as tf
 
 from towerlib.checks.declared_options import REQUIRED, Option, OptionTable
@@ -134,7 +135,10 @@ def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint
                        "log every N >= 1 steps.")
     check.positive_int("max_checkpoints_to_keep", max_checkpoints_to_keep,
                        "keep at least the newest checkpoint (1), e.g. 5.")
-    if not is_chief and not master:
+    if not isinstance(is_chief, (bool, np.bool_)):  # "False" would be true
+        check.add("is_chief", f"is {is_chief!r}, not True or False.",
+                  "is_chief=True (this process restores and writes) or False.")
+    elif not is_chief and not master:
         check.add("is_chief", "is False but master is empty (a local session).",
                   "a non-chief worker waits for a chief on a cluster: pass master="
                   "'grpc://...' of this worker, or is_chief=True for local training.")

@@ -18,7 +18,6 @@ import collections
 import dataclasses
 import logging
 
-import numpy as np
 import tensorflow as tf
 
 from towerlib.checks import data_checks, loop_options, run_time
@@ -168,9 +167,6 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                       "for workers this session cannot reach until the collective timeout.",
                       "run it with towerlib.cluster.run_distributed_training(graph, server, "
                       "...), which waits for every worker and names one that never came."))
-    if not isinstance(is_chief, (bool, np.bool_)):  # "False" would be true
-        wrong.append(("is_chief", f"is {is_chief!r}, not True or False.",
-                      "is_chief=True (this process restores and writes) or False."))
     if wrong:
         raise validation.ConfigError([validation.ConfigProblem(*p) for p in wrong])
     validation.validate_config(
@@ -181,7 +177,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
         is_chief=is_chief, session_config=session_config,
-        devices=train_graph.devices)
+        devices=train_graph.devices, global_batch_size=_static_batch(train_graph))
     _check_evaluation(evaluation, train_graph, max_steps)
     if session_config is None and any("CPU" in d.upper() for d in train_graph.devices):
         # Towers on '/device:CPU:i' need that many (virtual) CPU devices.
@@ -211,6 +207,15 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
 _Loop = dataclasses.make_dataclass(
     "_Loop", [("train_graph", object), ("graph", tf.Graph)]
     + [(name, object) for name in loop_options.LOOP_OPTIONS.names], frozen=True)
+
+
+def _static_batch(train_graph):
+    """This one machine's global batch when the graph fixes it (examples_per_step must
+    then agree); None across workers or when it is known only at run time."""
+    static = loop_hooks.examples_per_step_of(train_graph)
+    if train_graph.broadcast_op is not None or not isinstance(static, int):
+        return None
+    return static
 
 
 def _check_evaluation(evaluation, train_graph, max_steps):

@@ -13,6 +13,7 @@ each option is declared once (`STEP_OPTIONS`: name, default, check, doc).
 """
 
 import dataclasses
+import math
 import numbers
 import types
 from typing import Optional, Tuple
@@ -24,6 +25,7 @@ from towerlib.checks.declared_options import Option, OptionTable
 from towerlib.checks.problems import Problems, is_int
 from towerlib.exchange.choice import ExchangeChoice, resolve_exchange
 from towerlib.exchange.group import ONE_WORKER, WorkerGroup
+from towerlib.internals import optimizer_settings
 from towerlib.precision.choice import Precision, resolve_precision
 from towerlib.step import accumulation
 from towerlib.step import devices as devices_lib
@@ -66,15 +68,27 @@ def check_optimizer(optimizer):
             f"tf.compat.v1.train.MomentumOptimizer), got {type(optimizer).__name__}. "
             "Keras optimizers do not run in graph-mode towers. Fix: "
             "tf.compat.v1.train.MomentumOptimizer(0.1, 0.9) or another TF 1 optimizer.")
-    rate = getattr(optimizer, "_learning_rate", None)
+    held = optimizer_settings.settings(optimizer)
+    rate, name = held.get("learning_rate"), type(optimizer).__name__
     if hasattr(rate, "rate_at") and hasattr(rate, "tensor"):
         raise TypeError(
-            f"{type(optimizer).__name__}'s learning rate is the schedule "
+            f"{name}'s learning rate is the schedule "
             f"{type(rate).__name__}, not a rate. Fix: pass rate.tensor(global_step).")
     if isinstance(rate, (str, bytes)):
         raise TypeError(
-            f"{type(optimizer).__name__}'s learning rate is the string {rate!r}. Fix: a "
+            f"{name}'s learning rate is the string {rate!r}. Fix: a "
             "number or a float tensor, e.g. 0.1 (a flag read as text: float(value)).")
+    if _is_number(rate) and not 0 < rate < math.inf:
+        raise ValueError(f"{name}'s learning rate is {rate!r}: every step would be NaN, "
+                         "zero or uphill. Fix: a finite number > 0, e.g. 0.1.")
+    momentum = held.get("momentum")
+    if _is_number(momentum) and not 0 <= momentum <= 1:
+        raise ValueError(f"{name}'s momentum is {momentum!r}, outside [0, 1]: the updates "
+                         "would grow without bound. Fix: e.g. momentum=0.9.")
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def check_ema_decay(ema_decay):
@@ -122,6 +136,9 @@ def _check_inputs(inputs):
 
 
 def _check_learning_rate(learning_rate):
+    if isinstance(learning_rate, (str, bytes)):
+        raise TypeError(f"learning_rate is the string {learning_rate!r}. Fix: a number or "
+                        "a float tensor, e.g. 0.1 (a flag read as text: float(value)).")
     if isinstance(learning_rate, numbers.Real) and not isinstance(learning_rate, bool) \
             and not (0 < learning_rate < float("inf")):
         raise ValueError(f"learning_rate must be a positive finite number, got "
@@ -129,9 +146,7 @@ def _check_learning_rate(learning_rate):
 
 
 def _check_global_step(global_step):
-    if global_step is not None and not (
-            isinstance(global_step, (tf.Variable, tf.Tensor))
-            or hasattr(global_step, "assign_add")):
+    if global_step is not None and not hasattr(global_step, "assign_add"):
         raise TypeError(f"global_step must be a step variable or None, got "
                         f"{type(global_step).__name__}. Fix: leave it None, or pass "
                         "tf.compat.v1.train.get_or_create_global_step().")
@@ -143,6 +158,16 @@ def _check_var_list(var_list):
         raise TypeError(f"var_list must be a list of variables or None, got "
                         f"{type(var_list).__name__}. Fix: leave it None (the variables "
                         "the towers create), or pass a list of variables.")
+    if not isinstance(var_list, (list, tuple)):
+        return  # None, or an iterable read once, by the build
+    listed = list(var_list)
+    if not listed:
+        raise ValueError("var_list is empty: nothing would train. Fix: the variables to "
+                         "train, or None for every trainable variable the towers create.")
+    others = [type(v).__name__ for v in listed if not isinstance(v, tf.Variable)]
+    if others:
+        raise TypeError(f"var_list holds {others[0]} values, not variables. Fix: a list of "
+                        "tf.Variable (e.g. tf.compat.v1.trainable_variables()), or None.")
 
 
 # build_train_graph's options, each once (towerlib.checks.declared_options): the
