@@ -249,3 +249,16 @@ def test_a_resumed_run_saves_the_numbers_an_uninterrupted_one_does(tmp_path):
     _labels_read(2, restore=first, save=second)
     assert saved(second) == saved(whole)
     assert saved(whole)["global_batches/batches_read"] == 5
+
+
+@pytest.mark.parametrize("augment", [
+    lambda example, seed: (tf.image.random_flip_left_right(example[0]), example[1]),
+    lambda example, seed: (example[0] + tf.random.uniform(tf.shape(example[0])), example[1])])
+def test_an_augment_with_stateful_random_ops_is_refused_in_one_line(augment):
+    """Its draws would differ between two runs of one seed (the docs promise they don't)."""
+    arrays = (np.zeros((10, 4, 4, 3), np.float32), np.zeros(10, np.int32))
+    with tf.Graph().as_default(), pytest.raises(ValueError) as refused:
+        towerlib.global_batch_input(arrays, 4, seed=1, augment=augment)
+    message = str(refused.value)
+    assert "\n" not in message and "augment uses RandomUniform" in message, message
+    assert "stateless_random_flip_left_right(image, seed)" in message

@@ -139,7 +139,14 @@ def global_batch_input(source, global_batch_size, *, seed, workers=None, augment
         variables = _state_variables(identity)
         first = _first_position(variables, identity, allow_new_global_batch,
                                 allow_new_source, name)
-        dataset = _dataset(source, augment, first, seed, global_batch_size, bounds)
+        refusals = []
+        checked = None if augment is None else _refusing_stateful_ops(augment, refusals)
+        try:
+            dataset = _dataset(source, checked, first, seed, global_batch_size, bounds)
+        except Exception:  # noqa: BLE001 -- tf.data's wrapping of augment's refusal
+            if refusals:  # said once, not as tf.data's "in user code" traceback
+                raise ValueError(f"global_batch_input({name!r}): {refusals[0]}") from None
+            raise
         iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
         next_element = iterator.get_next()
         with tf.control_dependencies([variables["batches_read"].assign_add(1)]):
@@ -150,6 +157,30 @@ def global_batch_input(source, global_batch_size, *, seed, workers=None, augment
                              iterator.initializer)
     _register(built, next_element)
     return batch
+
+
+def _refusing_stateful_ops(augment, refusals):
+    """`augment`, refusing (when tf.data traces it) a stateful random op among the ops it
+    makes: its draws would depend on the run, not on the seed and the position. The
+    refusal's text is also appended to `refusals`."""
+    def checked(example, key):
+        graph = tf.compat.v1.get_default_graph()
+        before = len(graph.get_operations())
+        result = augment(example, key)
+        stateful = sorted({op.type for op in graph.get_operations()[before:]
+                           if op.op_def is not None and op.op_def.is_stateful
+                           and ("Random" in op.type or op.type.startswith("Stateful")
+                                or op.type in ("TruncatedNormal", "Multinomial"))})
+        if stateful:
+            refusals.append(
+                f"augment uses {', '.join(stateful)}, a stateful random op, so two runs "
+                "of the same seed would draw differently. Fix: stateless ops keyed by "
+                "augment's second argument, e.g. "
+                "tf.image.stateless_random_flip_left_right(image, seed) or "
+                "tf.random.stateless_uniform(shape, seed).")
+            raise ValueError(refusals[-1])
+        return result
+    return checked
 
 
 def _checked_options(global_batch_size, seed, workers):
