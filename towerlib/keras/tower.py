@@ -53,7 +53,7 @@ import weakref
 import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
-from towerlib.internals import error_texts, function_graphs, tf_keras
+from towerlib.internals import error_texts, function_graphs, keras_sessions, tf_keras
 from towerlib.keras import export as keras_export
 from towerlib.keras import weights as keras_weights
 from towerlib.keras.objective import KerasObjective
@@ -231,15 +231,18 @@ class KerasTower(TowerModel):
                     f"KerasTower: the model {model.name!r} was built in another graph "
                     "than this build's. Fix: pass a function that builds the model "
                     "(KerasTower(lambda: make_model(), loss)), which is called once per graph.")
+            keras_weights.keep_held_values(model)
             return model
         model = self._construct(self._given, getter, {}, policy)
         _check_built_model(model)
+        keras_weights.keep_held_values(model)
         return model
 
     def _construct(self, make, getter, originals, policy):
         """make(), outside every tower: a scope of its own, tf_keras' own batch norm,
         layers numbered as at the first construction, variables through `getter`,
-        under Keras' mixed-precision `policy` (None: the global one)."""
+        under Keras' mixed-precision `policy` (None: the global one). A replicated
+        tower's copy (`originals` given) loads no weights: it starts from tower 0's."""
         graph = tf.compat.v1.get_default_graph()
         counters = self._name_counters.setdefault(function_graphs.root_graph(graph),
                                                   tf_keras.name_counters())
@@ -248,7 +251,9 @@ class KerasTower(TowerModel):
                 tf_keras.routed_batch_norm_calls(None), \
                 tf_keras.global_policy(policy) if policy else contextlib.nullcontext(), \
                 casting.weights_read_as_stored(), \
-                keras_weights.variables_through(getter, originals, scope):
+                keras_weights.variables_through(getter, originals, scope), \
+                keras_sessions.weight_loading_skipped() if originals \
+                else contextlib.nullcontext():
             return make()
 
     def _copy(self):

@@ -8,13 +8,22 @@ so replicated towers get their copies and checkpoints hold the plain names.
 A mixed-precision policy hands out AutoCastVariable wrappers; `stored` finds
 the graph's variables behind them. A frozen layer's weights leave the
 TRAINABLE_VARIABLES collection (`leave_frozen_weights_untrained`).
+
+Values the model holds when the step is built (`weights=` a file or a hub
+name, `load_weights`, `set_weights`: in a graph tf_keras assigns them in its
+own session, which never trains) become the variables' initial values
+(`keep_held_values`): the step-0 values under every update, and the chief's
+values that the broadcast across workers carries.
 """
 
 import contextlib
 
 import tensorflow as tf
 
-__all__ = ["KerasTowerError", "leave_frozen_weights_untrained", "register_existing",
+from towerlib.internals import keras_sessions, variable_initializers
+
+__all__ = ["KerasTowerError", "keep_held_values", "leave_frozen_weights_untrained",
+           "register_existing",
            "same_trainable_flags", "stored", "tower_has_copies", "variables_through"]
 
 
@@ -52,6 +61,31 @@ def _layers_by_path(model, prefix=""):
         path = f"{prefix}{layer.name}"
         yield path, layer
         yield from _layers_by_path(layer, path + "/")
+
+
+def keep_held_values(model):
+    """The values tf_keras holds for the model's weights become their initial values.
+
+    Done when the model is first built or used in a graph, before any
+    initializer op exists: the init op (and the replicated copies, read from
+    tower 0's variables) then start from them; a restored checkpoint still
+    wins. Nothing changes when tf_keras' session never touched the weights.
+    """
+    weights = {w.op.name: w for w in model.weights}
+    variables = {v.op.name: v for v in stored(list(weights.values()))}
+    if not keras_sessions.holds_values(list(weights.values()) + list(variables.values())):
+        return
+    graph = next(iter(variables.values())).graph
+    try:
+        with graph.as_default():
+            values = keras_sessions.held_values(list(variables.values()))
+    except tf.errors.OpError as error:
+        raise KerasTowerError(
+            f"KerasTower: the model {model.name!r} was given values (load_weights or "
+            "set_weights) in a session tf_keras no longer has. Fix: load them in the "
+            "model function, or run_training(..., warm_start_from=<weights file>).") from error
+    for variable, value in zip(variables.values(), values):
+        variable_initializers.replace_initial_value(variable, value)
 
 
 class _CopyAsked(Exception):

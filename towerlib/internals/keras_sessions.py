@@ -1,0 +1,58 @@
+"""The values a tf_keras model holds in graph mode, which live in Keras' own session.
+
+In a graph, tf_keras' `load_weights`, `set_weights` (and `weights=` of
+tf_keras.applications, which calls load_weights) assign the values in
+tf_keras' session (`tf_keras.backend.get_session()`), never in the session
+that later trains the graph. What towerlib relies on:
+
+- `_keras_initialized`, the private flag tf_keras' backend sets on each
+  variable it has initialized (or assigned) in its session;
+- `tf_keras.backend.batch_get_value`, which reads them from that session;
+- `tf_keras.Model.load_weights` and `tf_keras.layers.Layer.set_weights`, the
+  two entry points of held values, replaced by no-ops while a replicated
+  tower's copy of the model is constructed (`weight_loading_skipped`).
+
+tests/internals/test_internals_keras_sessions.py fails if tf_keras changes them.
+"""
+
+import contextlib
+import threading
+
+from towerlib.internals import tf_keras
+
+__all__ = ["held_values", "weight_loading_skipped"]
+
+_lock = threading.Lock()
+
+
+def holds_values(variables):
+    """Whether tf_keras' session has initialized or assigned any of `variables`."""
+    return any(getattr(v, "_keras_initialized", False) for v in variables)
+
+
+def held_values(variables):
+    """The numpy values tf_keras' session holds for `variables` (in the current graph).
+
+    Raises tf.errors.FailedPreconditionError when that session lost them (its
+    graph was replaced by another one's since).
+    """
+    return tf_keras.loaded().backend.batch_get_value(list(variables))
+
+
+@contextlib.contextmanager
+def weight_loading_skipped():
+    """While open, tf_keras' load_weights and set_weights do nothing.
+
+    A replicated tower's copy of the model takes tower 0's values from its
+    initializer; a model function called again for it loads nothing.
+    """
+    keras = tf_keras.loaded()
+    model, layer = keras.Model, keras.layers.Layer
+    with _lock:
+        saved = model.load_weights, layer.set_weights
+        model.load_weights = lambda self, *args, **kwargs: None
+        layer.set_weights = lambda self, *args, **kwargs: None
+        try:
+            yield
+        finally:
+            model.load_weights, layer.set_weights = saved
