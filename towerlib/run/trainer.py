@@ -34,6 +34,7 @@ from towerlib.run import (
     sessions,
     stopping,
     validation,
+    warm_start,
 )
 from towerlib.step import devices as devices_lib
 
@@ -93,7 +94,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
                  collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS,
                  session_creator_wrapper=None, trace_steps=(), restore_from="newest",
-                 evaluation=None):
+                 evaluation=None, warm_start_from=None):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     The options are MonitoredTrainingSession's (which this replaces) plus
@@ -146,6 +147,11 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         worker restores the step they agreed on (towerlib.cluster.allreduce_job).
       evaluation: a towerlib.Evaluation: evaluate every N steps, keep the
         best weights in train_dir/best, stop early (towerlib.run.evaluation_loop).
+      warm_start_from: None, a checkpoint prefix, a Keras .h5 weights file, or
+        a towerlib.WarmStart (names mapped {new: old}, an include regex): on a
+        fresh run only, the model's variables start from it (never the
+        optimizer's slots, the global step or towerlib's state); logs which
+        it loaded and which it left at their initializer (towerlib.run.warm_start).
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -160,6 +166,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     trace_steps = loop_options.bounded_trace_steps(trace_steps)  # never unbounded
     wrong = loop_options.loop_argument_problems(hooks, stop_on_signals,
                                                 collective_timeout_secs)
+    wrong += warm_start.warm_start_problems(warm_start_from)
     if train_graph.broadcast_op is not None and not master:
         wrong.append(("master", "is '' (a session of this process), and the step "
                       "all-reduces across workers (built with workers=): it would wait "
@@ -229,6 +236,7 @@ def _check_evaluation(evaluation, train_graph, max_steps):
 def _run(loop):
     """run_training once its options are checked and train_dir is held."""
     restore_from, partial = _restore_point(loop)
+    _warm_start(loop, restore_from)
     run_hooks = loop_hooks.build_hooks(loop)
     creator = _session_creator(loop.scaffold, loop.master, run_hooks.session_config,
                                loop.is_chief, loop.train_dir, restore_from,
@@ -280,6 +288,18 @@ def _restore_point(loop):
             "the input with towerlib.saved_position_iterator(dataset).", restore_from,
             ", ".join(unsaved))
     return restore_from, partial
+
+
+def _warm_start(loop, restore_from):
+    """The chief's fresh run starts from warm_start_from; a resume ignores it."""
+    if loop.warm_start_from is None or not loop.is_chief:
+        return
+    if restore_from is not None:
+        logger.info("Resuming from %s: warm_start_from=%s is not used (the run's own "
+                    "checkpoint restores every variable).", restore_from,
+                    warm_start.as_warm_start(loop.warm_start_from).source)
+        return
+    warm_start.warm_start(loop.graph, loop.warm_start_from, loop.train_graph.global_step)
 
 
 def _train(loop, run_hooks, creator):
