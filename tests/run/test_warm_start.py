@@ -96,3 +96,29 @@ def test_a_source_that_is_neither_format_is_refused_before_anything_runs(tmp_pat
                                                 match="warm_start_from.*neither a TF"):
         towerlib.run_training(build(km.keras_functional), train_dir=str(tmp_path),
                               max_steps=1, warm_start_from=str(tmp_path / "nothing"))
+
+
+def test_a_run_from_another_runs_checkpoint_is_called_a_new_run_not_a_resume(tmp_path,
+                                                                            caplog):
+    """A phase 2 restoring phase 1's checkpoint into a new train_dir, its input a plain
+    iterator: no 'Resuming ... does not end where an uninterrupted run would'."""
+    images, labels = km.batch(32)
+
+    def phase(train_dir, max_steps, restore_from=None):
+        with tf.Graph().as_default():
+            batch = tf.compat.v1.data.make_one_shot_iterator(
+                tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(8)
+            ).get_next()
+            train = towerlib.build_train_graph(
+                towerlib.KerasTower(km.keras_functional, km.sparse_cross_entropy), batch,
+                tf.compat.v1.train.GradientDescentOptimizer(0.1), num_towers=2)
+            return towerlib.run_training(train, train_dir=str(train_dir), max_steps=max_steps,
+                                         restore_from=restore_from, save_summaries_steps=None)
+
+    first = phase(tmp_path / "head", 1)
+    with caplog.at_level(logging.INFO, "towerlib"):
+        assert phase(tmp_path / "top", 2, restore_from=first.checkpoint).global_step == 2
+    said = [r.getMessage() for r in caplog.records]
+    assert not [line for line in said if line.startswith("Resuming")]
+    assert [line for line in said if line.startswith("A new run in ")
+            and "not a resume" in line and "starts from its beginning" in line]

@@ -17,6 +17,7 @@ place of TensorFlow's where a fault would cost work:
 import collections
 import dataclasses
 import logging
+import os
 
 import tensorflow as tf
 
@@ -280,7 +281,12 @@ def _restore_point(loop):
             restore_from, loop.scaffold.saver, [v.op.name for v in trained], averages)
         unsaved = restore_from and data_position.unsaved_iterators(
             loop.train_graph.train_op)
-    if unsaved:
+    if unsaved and _another_runs(restore_from, loop.train_dir):
+        logger.info(
+            "A new run in %s from %s's weights and global step (not a resume of this "
+            "run): the input (%s) starts from its beginning, as any new run's does.",
+            loop.train_dir, restore_from, ", ".join(unsaved))
+    elif unsaved:
         logger.warning(
             "Resuming from %s, but the input (%s) starts from its beginning: its "
             "position is not in the checkpoint, so this run trains again on data it "
@@ -288,6 +294,13 @@ def _restore_point(loop):
             "the input with towerlib.saved_position_iterator(dataset).", restore_from,
             ", ".join(unsaved))
     return restore_from, partial
+
+
+def _another_runs(restore_from, train_dir):
+    """Whether the checkpoint restored lies outside train_dir: another run's (a phase 2
+    started from phase 1's checkpoint), so this is a new run, not a resume."""
+    folder = os.path.dirname(os.path.abspath(restore_from))
+    return os.path.realpath(folder) != os.path.realpath(os.path.abspath(train_dir))
 
 
 def _warm_start(loop, restore_from):
