@@ -8,6 +8,13 @@ that later trains the graph. What towerlib relies on:
 - `_keras_initialized`, the private flag tf_keras' backend sets on each
   variable it has initialized (or assigned) in its session;
 - `tf_keras.backend.batch_get_value`, which reads them from that session;
+- tf_keras' graph-mode backend uses the default session when there is one
+  (`construction_session` opens one while towerlib constructs a model:
+  Keras' own would be a local session that cannot place a cluster's devices);
+- `tf_keras.src.backend.batch_set_value(tuples)`, through which a .h5
+  `load_weights` and `set_weights` assign: while towerlib constructs a
+  model, it records the values instead (`assignments_captured`), with no
+  session at all (a cluster's devices are not this process's);
 - `tf_keras.Model.load_weights` and `tf_keras.layers.Layer.set_weights`, the
   two entry points of held values, replaced by no-ops while a replicated
   tower's copy of the model is constructed (`weight_loading_skipped`).
@@ -18,9 +25,12 @@ tests/internals/test_internals_keras_sessions.py fails if tf_keras changes them.
 import contextlib
 import threading
 
+import numpy as np
+import tensorflow as tf
+
 from towerlib.internals import tf_keras
 
-__all__ = ["held_values", "weight_loading_skipped"]
+__all__ = ["assignments_captured", "construction_session", "held_values", "holds_values", "weight_loading_skipped"]
 
 _lock = threading.Lock()
 
@@ -37,6 +47,37 @@ def held_values(variables):
     graph was replaced by another one's since).
     """
     return tf_keras.loaded().backend.batch_get_value(list(variables))
+
+
+@contextlib.contextmanager
+def assignments_captured():
+    """While open, tf_keras' batch_set_value records {variable name: numpy value} in the
+    dict yielded instead of assigning in a session."""
+    import importlib
+    backend = importlib.import_module("tf_keras.src.backend")
+    assigned = {}
+
+    def record(tuples):
+        for variable, value in tuples:
+            dtype = variable.dtype.base_dtype.as_numpy_dtype
+            assigned[variable.op.name] = np.asarray(value, dtype=dtype)
+
+    with _lock:
+        saved = backend.batch_set_value
+        backend.batch_set_value = record
+        try:
+            yield assigned
+        finally:
+            backend.batch_set_value = saved
+
+
+@contextlib.contextmanager
+def construction_session(graph):
+    """While open, tf_keras assigns and reads held values in a session of this process
+    on `graph` (soft placement: a tower's or a ps task's device may not be local)."""
+    config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+    with tf.compat.v1.Session(graph=graph, config=config) as session, session.as_default():
+        yield session
 
 
 @contextlib.contextmanager

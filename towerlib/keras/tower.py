@@ -236,9 +236,11 @@ class KerasTower(TowerModel):
             keras_weights.keep_held_values(model)
             return model
         _check_global_policy(policy)
-        model = self._construct(self._given, getter, {}, policy)
-        _check_built_model(model)
-        keras_weights.keep_held_values(model)
+        with keras_sessions.construction_session(graph), \
+                keras_sessions.assignments_captured() as assigned:  # what Keras loads
+            model = self._construct(self._given, getter, {}, policy)
+            _check_built_model(model)
+            keras_weights.keep_held_values(model, assigned)
         return model
 
     def _construct(self, make, getter, originals, policy):

@@ -63,29 +63,36 @@ def _layers_by_path(model, prefix=""):
         yield from _layers_by_path(layer, path + "/")
 
 
-def keep_held_values(model):
+def keep_held_values(model, assigned=None):
     """The values tf_keras holds for the model's weights become their initial values.
 
-    Done when the model is first built or used in a graph, before any
-    initializer op exists: the init op (and the replicated copies, read from
-    tower 0's variables) then start from them; a restored checkpoint still
-    wins. Nothing changes when tf_keras' session never touched the weights.
+    `assigned`: {name: value} recorded while towerlib constructed the model
+    (keras_sessions.assignments_captured); the rest is read from tf_keras'
+    session where it initialized or restored them. Done when the model is
+    first built or used in a graph, before any initializer op exists: the
+    init op (and the replicated copies, read from tower 0's variables) then
+    start from them; a restored checkpoint still wins. Nothing changes when
+    nothing was loaded.
     """
+    assigned = assigned or {}
     weights = {w.op.name: w for w in model.weights}
     variables = {v.op.name: v for v in stored(list(weights.values()))}
-    if not keras_sessions.holds_values(list(weights.values()) + list(variables.values())):
-        return
-    graph = next(iter(variables.values())).graph
-    try:
-        with graph.as_default():
-            values = keras_sessions.held_values(list(variables.values()))
-    except tf.errors.OpError as error:
-        raise KerasTowerError(
-            f"KerasTower: the model {model.name!r} was given values (load_weights or "
-            "set_weights) in a session tf_keras no longer has. Fix: load them in the "
-            "model function, or run_training(..., warm_start_from=<weights file>).") from error
-    for variable, value in zip(variables.values(), values):
-        variable_initializers.replace_initial_value(variable, value)
+    in_session = [v for name, v in variables.items() if name not in assigned
+                  and keras_sessions.holds_values([v, weights.get(name, v)])]
+    values = {name: assigned[name] for name in variables if name in assigned}
+    if in_session:
+        try:
+            with in_session[0].graph.as_default():
+                read = keras_sessions.held_values(in_session)
+        except tf.errors.OpError as error:
+            raise KerasTowerError(
+                f"KerasTower: the model {model.name!r} holds values (a TF-format "
+                "load_weights, or set in a session) that tf_keras cannot read back here "
+                f"({type(error).__name__}). Fix: a .h5 weights file, or "
+                "run_training(..., warm_start_from=<checkpoint or weights file>).") from None
+        values.update({v.op.name: value for v, value in zip(in_session, read)})
+    for name, value in values.items():
+        variable_initializers.replace_initial_value(variables[name], value)
 
 
 class _CopyAsked(Exception):
