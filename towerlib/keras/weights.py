@@ -74,6 +74,8 @@ def keep_held_values(model, assigned=None):
     start from them; a restored checkpoint still wins. Nothing changes when
     nothing was loaded.
     """
+    if not getattr(model, "built", False):  # no weights yet (a Sequential with no input shape)
+        return
     assigned = assigned or {}
     weights = {w.op.name: w for w in model.weights}
     variables = {v.op.name: v for v in stored(list(weights.values()))}
