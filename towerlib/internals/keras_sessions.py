@@ -15,8 +15,10 @@ that later trains the graph. What towerlib relies on:
   `load_weights` and `set_weights` assign: while towerlib constructs a
   model, it records the values instead (`assignments_captured`), with no
   session at all (a cluster's devices are not this process's);
-- `tf_keras.Model.load_weights` and `tf_keras.layers.Layer.set_weights`, the
-  two entry points of held values, replaced by no-ops while a replicated
+- `tf_keras.src.engine.{training,training_v1}.Model.load_weights` and
+  `tf_keras.src.engine.{base_layer,base_layer_v1}.Layer.set_weights` (the v1
+  twins are the graph-mode classes), the entry points of held values,
+  replaced by no-ops while a replicated
   tower's copy of the model is constructed (`weight_loading_skipped`).
 
 tests/internals/test_internals_keras_sessions.py fails if tf_keras changes them.
@@ -85,15 +87,22 @@ def weight_loading_skipped():
     """While open, tf_keras' load_weights and set_weights do nothing.
 
     A replicated tower's copy of the model takes tower 0's values from its
-    initializer; a model function called again for it loads nothing.
+    initializer; a model function called again for it loads nothing. Both
+    tf_keras' layer and model classes have a graph-mode (v1) twin.
     """
-    keras = tf_keras.loaded()
-    model, layer = keras.Model, keras.layers.Layer
+    import importlib
+    owners = [(importlib.import_module(f"tf_keras.src.engine.{module}"), cls, method)
+              for module, cls, method in _LOADERS]
     with _lock:
-        saved = model.load_weights, layer.set_weights
-        model.load_weights = lambda self, *args, **kwargs: None
-        layer.set_weights = lambda self, *args, **kwargs: None
+        saved = [(getattr(m, c), name, getattr(m, c).__dict__[name]) for m, c, name in owners]
+        for cls, name, _ in saved:
+            setattr(cls, name, lambda self, *args, **kwargs: None)
         try:
             yield
         finally:
-            model.load_weights, layer.set_weights = saved
+            for cls, name, method in saved:
+                setattr(cls, name, method)
+
+
+_LOADERS = [("base_layer", "Layer", "set_weights"), ("base_layer_v1", "Layer", "set_weights"),
+            ("training", "Model", "load_weights"), ("training_v1", "Model", "load_weights")]
