@@ -47,13 +47,16 @@ def holding(how, h5, prefix, values):
 
     def set_weights():
         model = small_model(3)
-        model.set_weights([values[w.name.split(":")[0]] for w in model.weights])
+        # by the Keras name (a replicated copy's variables are 'replicated/tower_1/...')
+        model.set_weights([values["/".join(w.name.split(":")[0].split("/")[-2:])]
+                           for w in model.weights])
         return model
 
     return {"load_weights in the model function": lambda: loaded(h5),
             "a checkpoint in the model function": lambda: loaded(prefix),
             "load_weights on the model object": lambda: loaded(h5),
             "set_weights on the model object": lambda: set_weights(),
+            "set_weights in the model function": set_weights,
             }[how]
 
 
@@ -73,7 +76,8 @@ def step_zero_values(model, update, bn_mode):
 @pytest.mark.parametrize("how", ["load_weights in the model function",
                                  "a checkpoint in the model function",
                                  "load_weights on the model object",
-                                 "set_weights on the model object"])
+                                 "set_weights on the model object",
+                                 "set_weights in the model function"])
 @pytest.mark.parametrize("update", [towerlib.ParameterServer(), towerlib.Replicated()],
                          ids=["parameter_server", "replicated"])
 @pytest.mark.parametrize("bn_mode", ["first_tower", "sync"])
