@@ -80,6 +80,7 @@ if TYPE_CHECKING:
     from towerlib.precision.guards import NonFiniteError, guard_numerics
     from towerlib.run.hooks import StepLogger
     from towerlib.run.trainer import TrainingResult, run_training
+    from towerlib.run.warm_start import WarmStart
 
     # Checks.
     from towerlib.checks.data_checks import (DataError, assert_finite, assert_labels_in_range,
@@ -94,7 +95,7 @@ __all__ = [
     "ParameterServer", "Replicated", "WorkerGroup", "replica_bytes",
     # Building and running the training step.
     "BN_MODES", "BnMode", "EvalGraph", "Evaluation", "KerasTower", "StepLogger", "Tower", "TowerContext", "TowerModel",
-    "TowerRecords", "TrainGraph", "TrainingResult", "aggregate_gradients",
+    "TowerRecords", "TrainGraph", "TrainingResult", "WarmStart", "aggregate_gradients",
     "batch_norm", "build_eval_graph", "build_towers", "build_train_graph", "ema_restore_map",
     "pooled_statistics", "run_training", "session_config", "split_global_batch",
     "strip_tower_prefix", "tower_devices", "tower_scalar", "variable_placer",

@@ -46,6 +46,8 @@ LOOP_OPTIONS = OptionTable("run_training", [
     Option("trace_steps", (), None, "global steps to run with full tracing"),
     Option("restore_from", "newest", None, "'newest', a checkpoint prefix, or None"),
     Option("evaluation", None, None, "a towerlib.Evaluation: evaluate, keep the best, stop"),
+    Option("warm_start_from", None, None,
+           "a fresh run's weights from a checkpoint or Keras file (towerlib.WarmStart)"),
 ])
 
 

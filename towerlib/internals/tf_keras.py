@@ -179,6 +179,11 @@ def compute_dtype_of(layer):
     return getattr(layer, "compute_dtype", None)
 
 
+def global_policy_name():
+    """The name of Keras' global mixed-precision policy ('float32', 'mixed_bfloat16')."""
+    return loaded().mixed_precision.global_policy().name
+
+
 @contextlib.contextmanager
 def global_policy(name):
     """Layers constructed while open take Keras' mixed-precision policy `name`.

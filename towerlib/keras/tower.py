@@ -53,7 +53,7 @@ import weakref
 import tensorflow as tf
 
 from towerlib.batchnorm import keras_layers
-from towerlib.internals import error_texts, function_graphs, tf_keras
+from towerlib.internals import error_texts, function_graphs, keras_sessions, tf_keras
 from towerlib.keras import export as keras_export
 from towerlib.keras import weights as keras_weights
 from towerlib.keras.objective import KerasObjective
@@ -143,6 +143,8 @@ class KerasTower(TowerModel):
                              "Fix: KerasTower(model, loss) to use it as the tower function.")
         features, labels = _features_and_labels(inputs)
         outputs = self.outputs(features, ctx)
+        if ctx.is_training and ctx.index == 0:
+            _check_something_trains(self._tower_main_model())
         names = list(getattr(self._tower_main_model(), "output_names", None) or [])
         metrics = self._objective.metrics(labels, outputs, names)
         if not self._objective.has_loss:  # an evaluation tower: metrics only
@@ -231,15 +233,21 @@ class KerasTower(TowerModel):
                     f"KerasTower: the model {model.name!r} was built in another graph "
                     "than this build's. Fix: pass a function that builds the model "
                     "(KerasTower(lambda: make_model(), loss)), which is called once per graph.")
+            keras_weights.keep_held_values(model)
             return model
-        model = self._construct(self._given, getter, {}, policy)
-        _check_built_model(model)
+        _check_global_policy(policy)
+        with keras_sessions.construction_session(graph), \
+                keras_sessions.assignments_captured() as assigned:  # what Keras loads
+            model = self._construct(self._given, getter, {}, policy)
+            _check_built_model(model)
+            keras_weights.keep_held_values(model, assigned)
         return model
 
     def _construct(self, make, getter, originals, policy):
         """make(), outside every tower: a scope of its own, tf_keras' own batch norm,
         layers numbered as at the first construction, variables through `getter`,
-        under Keras' mixed-precision `policy` (None: the global one)."""
+        under Keras' mixed-precision `policy` (None: the global one). A replicated
+        tower's copy (`originals` given) loads no weights: it starts from tower 0's."""
         graph = tf.compat.v1.get_default_graph()
         counters = self._name_counters.setdefault(function_graphs.root_graph(graph),
                                                   tf_keras.name_counters())
@@ -248,7 +256,9 @@ class KerasTower(TowerModel):
                 tf_keras.routed_batch_norm_calls(None), \
                 tf_keras.global_policy(policy) if policy else contextlib.nullcontext(), \
                 casting.weights_read_as_stored(), \
-                keras_weights.variables_through(getter, originals, scope):
+                keras_weights.variables_through(getter, originals, scope), \
+                keras_sessions.weight_loading_skipped() if originals \
+                else contextlib.nullcontext():
             return make()
 
     def _copy(self):
@@ -300,6 +310,32 @@ def _check_policy(model, compute_dtype):
 
 
 _PRECISION = {"float32": "Float32", "bfloat16": "BFloat16", "float16": "Float16"}
+
+
+def _check_global_policy(policy):
+    """A model function is built under the build's policy; a global Keras policy of the
+    other half precision says the user meant another one: refused, not overridden."""
+    name = tf_keras.global_policy_name()
+    if policy is None or name == policy or name not in _MIXED.values():
+        return
+    build = {v: k for k, v in _MIXED.items()}[policy].name
+    raise KerasTowerError(
+        f"KerasTower: Keras' global policy is {name!r} but the build's precision is "
+        f"{_PRECISION[build]}() ({policy!r}): the model function would compute in {build} "
+        f"with no word. Fix: precision=towerlib.{_PRECISION[name.split('_')[1]]}(), or "
+        "tf_keras.mixed_precision.set_global_policy('float32') and let towerlib choose.")
+
+
+def _check_something_trains(model):
+    """A model whose weights are all frozen has nothing for the step to train."""
+    if not model.weights or model.trainable_weights:
+        return
+    frozen = [w.name.split(":")[0] for w in model.weights]
+    raise KerasTowerError(
+        f"KerasTower: every weight of the model {model.name!r} is frozen (trainable = "
+        f"False: {len(frozen)} weights, {', '.join(frozen[:3])}...), so the step has nothing "
+        "to train. Fix: unfreeze the layers to train (layer.trainable = True, e.g. the "
+        "classifier on a frozen base), or use build_eval_graph for inference only.")
 
 
 def _check_model(model):

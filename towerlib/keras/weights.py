@@ -8,13 +8,22 @@ so replicated towers get their copies and checkpoints hold the plain names.
 A mixed-precision policy hands out AutoCastVariable wrappers; `stored` finds
 the graph's variables behind them. A frozen layer's weights leave the
 TRAINABLE_VARIABLES collection (`leave_frozen_weights_untrained`).
+
+Values the model holds when the step is built (`weights=` a file or a hub
+name, `load_weights`, `set_weights`: in a graph tf_keras assigns them in its
+own session, which never trains) become the variables' initial values
+(`keep_held_values`): the step-0 values under every update, and the chief's
+values that the broadcast across workers carries.
 """
 
 import contextlib
 
 import tensorflow as tf
 
-__all__ = ["KerasTowerError", "leave_frozen_weights_untrained", "register_existing",
+from towerlib.internals import keras_sessions, variable_initializers
+
+__all__ = ["KerasTowerError", "keep_held_values", "leave_frozen_weights_untrained",
+           "register_existing",
            "same_trainable_flags", "stored", "tower_has_copies", "variables_through"]
 
 
@@ -52,6 +61,40 @@ def _layers_by_path(model, prefix=""):
         path = f"{prefix}{layer.name}"
         yield path, layer
         yield from _layers_by_path(layer, path + "/")
+
+
+def keep_held_values(model, assigned=None):
+    """The values tf_keras holds for the model's weights become their initial values.
+
+    `assigned`: {name: value} recorded while towerlib constructed the model
+    (keras_sessions.assignments_captured); the rest is read from tf_keras'
+    session where it initialized or restored them. Done when the model is
+    first built or used in a graph, before any initializer op exists: the
+    init op (and the replicated copies, read from tower 0's variables) then
+    start from them; a restored checkpoint still wins. Nothing changes when
+    nothing was loaded.
+    """
+    if not getattr(model, "built", False):  # no weights yet (a Sequential with no input shape)
+        return
+    assigned = assigned or {}
+    weights = {w.op.name: w for w in model.weights}
+    variables = {v.op.name: v for v in stored(list(weights.values()))}
+    in_session = [v for name, v in variables.items() if name not in assigned
+                  and keras_sessions.holds_values([v, weights.get(name, v)])]
+    values = {name: assigned[name] for name in variables if name in assigned}
+    if in_session:
+        try:
+            with in_session[0].graph.as_default():
+                read = keras_sessions.held_values(in_session)
+        except tf.errors.OpError as error:
+            raise KerasTowerError(
+                f"KerasTower: the model {model.name!r} holds values (a TF-format "
+                "load_weights, or set in a session) that tf_keras cannot read back here "
+                f"({type(error).__name__}). Fix: a .h5 weights file, or "
+                "run_training(..., warm_start_from=<checkpoint or weights file>).") from None
+        values.update({v.op.name: value for v, value in zip(in_session, read)})
+    for name, value in values.items():
+        variable_initializers.replace_initial_value(variables[name], value)
 
 
 class _CopyAsked(Exception):

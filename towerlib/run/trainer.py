@@ -17,6 +17,7 @@ place of TensorFlow's where a fault would cost work:
 import collections
 import dataclasses
 import logging
+import os
 
 import tensorflow as tf
 
@@ -35,6 +36,7 @@ from towerlib.run import (
     sessions,
     stopping,
     validation,
+    warm_start,
 )
 from towerlib.step import devices as devices_lib
 
@@ -94,7 +96,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                  stop_on_signals=stopping.DEFAULT_SIGNALS,
                  collective_timeout_secs=exchange_safety.DEFAULT_TIMEOUT_SECONDS,
                  session_creator_wrapper=None, trace_steps=(), restore_from="newest",
-                 evaluation=None):
+                 evaluation=None, warm_start_from=None):
     """Runs `train_graph.train_op` until global_step reaches `max_steps`.
 
     The options are MonitoredTrainingSession's (which this replaces) plus
@@ -147,6 +149,11 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         worker restores the step they agreed on (towerlib.cluster.allreduce_job).
       evaluation: a towerlib.Evaluation: evaluate every N steps, keep the
         best weights in train_dir/best, stop early (towerlib.run.evaluation_loop).
+      warm_start_from: None, a checkpoint prefix, a Keras .h5 weights file, or
+        a towerlib.WarmStart (names mapped {new: old}, an include regex): on a
+        fresh run only, the model's variables start from it (never the
+        optimizer's slots, the global step or towerlib's state); logs which
+        it loaded and which it left at their initializer (towerlib.run.warm_start).
 
     Returns:
       TrainingResult: (global_step, loss) after the last step run, also
@@ -161,6 +168,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
     trace_steps = loop_options.bounded_trace_steps(trace_steps)  # never unbounded
     wrong = loop_options.loop_argument_problems(hooks, stop_on_signals,
                                                 collective_timeout_secs)
+    wrong += warm_start.warm_start_problems(warm_start_from)
     if train_graph.broadcast_op is not None and not master:
         wrong.append(("master", "is '' (a session of this process), and the step "
                       "all-reduces across workers (built with workers=): it would wait "
@@ -239,6 +247,7 @@ def _check_evaluation(evaluation, train_graph, max_steps):
 def _run(loop):
     """run_training once its options are checked and train_dir is held."""
     restore_from, partial = _restore_point(loop)
+    _warm_start(loop, restore_from)
     run_hooks = loop_hooks.build_hooks(loop)
     creator = _session_creator(loop.scaffold, loop.master, run_hooks.session_config,
                                loop.is_chief, loop.train_dir, restore_from,
@@ -283,7 +292,12 @@ def _restore_point(loop):
             restore_from, loop.scaffold.saver, [v.op.name for v in trained], averages)
         unsaved = restore_from and data_position.unsaved_iterators(
             loop.train_graph.train_op)
-    if unsaved:
+    if unsaved and _another_runs(restore_from, loop.train_dir):
+        logger.info(
+            "A new run in %s from %s's weights and global step (not a resume of this "
+            "run): the input (%s) starts from its beginning, as any new run's does.",
+            loop.train_dir, restore_from, ", ".join(unsaved))
+    elif unsaved:
         logger.warning(
             "Resuming from %s, but the input (%s) starts from its beginning: its "
             "position is not in the checkpoint, so this run trains again on data it "
@@ -319,6 +333,25 @@ def _refuse_later_checkpoints(train_dir, restore_from):
             f"and return {newest} as its result. Fix: an empty train_dir to start from "
             f"{restore_from}, restore_from='newest' to continue the run in {train_dir}, or "
             "move its later checkpoints away.")
+
+
+def _another_runs(restore_from, train_dir):
+    """Whether the checkpoint restored lies outside train_dir: another run's (a phase 2
+    started from phase 1's checkpoint), so this is a new run, not a resume."""
+    folder = os.path.dirname(os.path.abspath(restore_from))
+    return os.path.realpath(folder) != os.path.realpath(os.path.abspath(train_dir))
+
+
+def _warm_start(loop, restore_from):
+    """The chief's fresh run starts from warm_start_from; a resume ignores it."""
+    if loop.warm_start_from is None or not loop.is_chief:
+        return
+    if restore_from is not None:
+        logger.info("Resuming from %s: warm_start_from=%s is not used (the run's own "
+                    "checkpoint restores every variable).", restore_from,
+                    warm_start.as_warm_start(loop.warm_start_from).source)
+        return
+    warm_start.warm_start(loop.graph, loop.warm_start_from, loop.train_graph.global_step)
 
 
 def _train(loop, run_hooks, creator):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from towerlib.checks import loop_options
 from towerlib.checks.problems import ConfigError, ConfigProblem, Problems
+from towerlib.run import warm_start
 from towerlib.step import devices as devices_lib
 from towerlib.step import options as step_options
 
@@ -145,7 +146,9 @@ def _session_config(check, session_config):
 
 def _check_loop_arguments(check, options, loop):
     """hooks, stop_on_signals and collective_timeout_secs when given: run_training's own
-    pre-check (their types), so both say the same."""
+    pre-check (their types), so both say the same; warm_start_from's source too."""
+    for option, problem, fix in warm_start.warm_start_problems(loop["warm_start_from"]):
+        check.add(option, problem, fix)
     if not {"hooks", "stop_on_signals", "collective_timeout_secs"} & set(options):
         return
     for option, problem, fix in loop_options.loop_argument_problems(

@@ -31,6 +31,16 @@ def _batch_dims(flat_inputs):
     return dims
 
 
+def refuse_sparse(item):
+    """A SparseTensor or RaggedTensor input, refused in one line (towers take dense tensors)."""
+    if isinstance(item, (tf.SparseTensor, tf.RaggedTensor)):
+        raise TypeError(
+            f"An input is a {type(item).__name__}; towerlib's towers take dense tensors "
+            "only (a global batch and an input function's batch alike). Fix: make it "
+            "dense in the input pipeline (tf.sparse.to_dense, or ragged.to_tensor() padded "
+            "to a fixed length, with a mask if the model needs one).")
+
+
 def check_global_batch(inputs, num_towers):
     """Validates a global batch before the towers are built.
 
@@ -46,6 +56,7 @@ def check_global_batch(inputs, num_towers):
         raise ValueError("inputs is empty: pass the global batch as a tensor or a "
                          "nest (tuple/dict) of tensors, or an input function.")
     for item in flat:
+        refuse_sparse(item)
         if not isinstance(item, (tf.Tensor, tf.Variable)):
             raise TypeError(
                 f"Every input must be a tf.Tensor, got {type(item).__name__}. "
@@ -155,6 +166,8 @@ def leading_batch_size(tower_inputs):
     flat = tf.nest.flatten(tower_inputs)
     if not flat:
         raise ValueError("The input function returned an empty batch.")
+    for item in flat:
+        refuse_sparse(item)
     first = tf.convert_to_tensor(flat[0])
     if first.shape.rank is not None and first.shape.rank >= 1 and first.shape[0] is not None:
         return tf.constant(first.shape[0], tf.int32)
