@@ -29,6 +29,7 @@ steps give a precision near chance (0.1), which the lesson says.
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 
@@ -91,6 +92,11 @@ def train_phase(make_model, train_files, *, train_dir, rate, max_steps, restore_
         result = towerlib.run_training(
             train, train_dir=train_dir, max_steps=max_steps, restore_from=restore_from,
             log_every_n_steps=10, session_config=towerlib.session_config(num_towers))
+    if result.stop_signal:  # Ctrl-C or SIGTERM: the phase is unfinished, nothing follows
+        sys.stderr.write(f"stopped by {result.stop_signal} at global step "
+                         f"{result.global_step} of {max_steps} in {train_dir}; rerun the "
+                         "same command to resume.\n")
+        sys.exit(towerlib.cluster.exits.for_signal(signal.Signals[result.stop_signal]))
     return tower, result.checkpoint
 
 
