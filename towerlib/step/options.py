@@ -78,9 +78,9 @@ def check_optimizer(optimizer):
         raise TypeError(
             f"{name}'s learning rate is the string {rate!r}. Fix: a "
             "number or a float tensor, e.g. 0.1 (a flag read as text: float(value)).")
-    if _is_number(rate) and not 0 < rate < math.inf:
-        raise ValueError(f"{name}'s learning rate is {rate!r}: every step would be NaN, "
-                         "zero or uphill. Fix: a finite number > 0, e.g. 0.1.")
+    if _is_number(rate) and not 0 <= rate < math.inf:  # 0: a step that leaves the weights
+        raise ValueError(f"{name}'s learning rate is {rate!r}: every step would be NaN "
+                         "or uphill. Fix: a finite number >= 0, e.g. 0.1.")
     momentum = held.get("momentum")
     if _is_number(momentum) and not 0 <= momentum <= 1:
         raise ValueError(f"{name}'s momentum is {momentum!r}, outside [0, 1]: the updates "
