@@ -184,6 +184,9 @@ def _check_rate(rate, name):
     if hasattr(rate, "rate_at") and hasattr(rate, "tensor"):
         raise TypeError(f"{name}: learning_rate is the schedule {type(rate).__name__}, not a "
                         "rate. Fix: pass its tensor, learning_rate=rate.tensor(global_step).")
+    if isinstance(rate, (str, bytes)):
+        raise TypeError(f"{name}: learning_rate is the string {rate!r}. Fix: a number, "
+                        f"e.g. {name}(0.1, ...) (a flag read as text: float(value)).")
     if isinstance(rate, bool) or (isinstance(rate, numbers.Real)
                                   and not 0 < rate < math.inf):
         raise ValueError(f"{name}: learning_rate must be a finite number > 0 or a float "

@@ -75,3 +75,17 @@ def test_lamb_refuses_an_epsilon_float32_makes_zero():
 def test_a_schedule_past_int64_or_with_an_infinite_power_is_refused(make):
     with pytest.raises(ValueError):
         make()
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("max_checkpoints_to_keep", None, "max_checkpoints_to_keep: must be an int >= 1"),
+    ("restore_from", 5, "restore_from: must be 'newest', a checkpoint prefix or None"),
+    ("master", 5, "master: must be a session target string")])
+def test_loop_options_of_the_wrong_type_are_named_before_anything_runs(option, value, words):
+    with pytest.raises(towerlib.ConfigError, match=words):
+        towerlib.validate_config(**{option: value})
+
+
+def test_lars_refuses_a_rate_given_as_a_string():
+    with pytest.raises(TypeError, match="learning_rate is the string '0.1'"):
+        towerlib.optimizers.LARSOptimizer("0.1")

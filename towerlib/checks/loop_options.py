@@ -135,8 +135,14 @@ def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint
                        "write summaries every N >= 1 steps, or pass None for none.")
     check.positive_int("log_every_n_steps", log_every_n_steps,
                        "log every N >= 1 steps.")
+    if max_checkpoints_to_keep is None:  # TensorFlow's Saver reads None as "keep all"
+        check.add("max_checkpoints_to_keep", "must be an int >= 1, got None.",
+                  "keep at least the newest checkpoint (1), e.g. 5.")
     check.positive_int("max_checkpoints_to_keep", max_checkpoints_to_keep,
                        "keep at least the newest checkpoint (1), e.g. 5.")
+    if not isinstance(master, str):
+        check.add("master", f"must be a session target string, got {master!r}.",
+                  "'' for a session of this process, or 'grpc://host:port' of a server.")
     if not isinstance(is_chief, (bool, np.bool_)):  # "False" would be true
         check.add("is_chief", f"is {is_chief!r}, not True or False.",
                   "is_chief=True (this process restores and writes) or False.")
@@ -144,6 +150,13 @@ def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint
         check.add("is_chief", "is False but master is empty (a local session).",
                   "a non-chief worker waits for a chief on a cluster: pass master="
                   "'grpc://...' of this worker, or is_chief=True for local training.")
+
+
+def check_restore_from(check, restore_from):
+    """restore_from: 'newest', a checkpoint prefix (a path) or None."""
+    if restore_from is not None and not isinstance(restore_from, (str, os.PathLike)):
+        check.add("restore_from", f"must be 'newest', a checkpoint prefix or None, got "
+                  f"{restore_from!r}.", "e.g. restore_from='/runs/a/model.ckpt-100'.")
 
 
 MAX_TRACE_STEPS = 1000  # each traced step writes a trace and a picture

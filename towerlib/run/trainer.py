@@ -184,7 +184,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         save_summaries_steps=save_summaries_steps, log_every_n_steps=log_every_n_steps,
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
-        is_chief=is_chief, session_config=session_config,
+        is_chief=is_chief, session_config=session_config, restore_from=restore_from,
         devices=train_graph.devices, global_batch_size=_static_batch(train_graph))
     _check_evaluation(evaluation, train_graph, max_steps)
     if session_config is None and any("CPU" in d.upper() for d in train_graph.devices):

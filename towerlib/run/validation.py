@@ -165,3 +165,4 @@ def _check_loop(check, loop, probe_writes):
         loop["is_chief"])
     if loop["trace_steps"] is not None:
         loop_options.check_trace_steps(check, loop["trace_steps"], loop["max_steps"])
+    loop_options.check_restore_from(check, loop["restore_from"])
