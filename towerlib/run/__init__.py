@@ -11,6 +11,7 @@ The package, one job per module:
   evaluation_loop.py   Evaluation: evaluate every N steps, keep the best, stop early
   moving_statistics.py batch norm's moving statistics still mostly initial, said
   checkpoints.py       crash-safe checkpoints, restored from the newest complete one
+  restore_point.py     where the chief's run starts: the checkpoint it restores, checked
   checkpoint_state.py  what a checkpoint is on disk: files, completeness, state file
   checkpoint_fit.py    a checkpoint of other shapes or dtypes refused before a session
   sessions.py          the chief's restoring sessions; recreation bounded
