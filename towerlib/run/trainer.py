@@ -181,7 +181,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
         is_chief=is_chief, session_config=session_config, restore_from=restore_from,
-        devices=train_graph.devices, global_batch_size=_static_batch(train_graph))
+        devices=train_graph.devices, global_batch_size=_static_batch(train_graph, master))
     _check_evaluation(evaluation, train_graph, max_steps)
     if session_config is None and any("CPU" in d.upper() for d in train_graph.devices):
         # Towers on '/device:CPU:i' need that many (virtual) CPU devices.
@@ -213,11 +213,12 @@ _Loop = dataclasses.make_dataclass(
     + [(name, object) for name in loop_options.LOOP_OPTIONS.names], frozen=True)
 
 
-def _static_batch(train_graph):
-    """This one machine's global batch when the graph fixes it (examples_per_step must
-    then agree); None across workers or when it is known only at run time."""
+def _static_batch(train_graph, master):
+    """This one process's global batch when the graph fixes it (examples_per_step must
+    then agree); None on a cluster (a server's session, or a step across workers: the
+    graph holds one replica's share) or when it is known only at run time."""
     static = loop_hooks.examples_per_step_of(train_graph)
-    if train_graph.broadcast_op is not None or not isinstance(static, int):
+    if master or train_graph.broadcast_op is not None or not isinstance(static, int):
         return None
     return static
 
