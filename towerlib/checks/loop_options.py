@@ -140,7 +140,7 @@ def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint
                   "keep at least the newest checkpoint (1), e.g. 5.")
     check.positive_int("max_checkpoints_to_keep", max_checkpoints_to_keep,
                        "keep at least the newest checkpoint (1), e.g. 5.")
-    if not isinstance(master, str):
+    if not isinstance(master, (str, bytes)):
         check.add("master", f"must be a session target string, got {master!r}.",
                   "'' for a session of this process, or 'grpc://host:port' of a server.")
     if not isinstance(is_chief, (bool, np.bool_)):  # "False" would be true
