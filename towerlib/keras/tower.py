@@ -182,7 +182,13 @@ class KerasTower(TowerModel):
         model, originals = self._tower_model(ctx, getter, policy)
         if model is None:  # replicated: tower ctx.index's own copy, made here
             main = self._models[function_graphs.root_graph(graph)][0]
-            model = self._construct(self._copy, getter, originals, policy)
+            # Keras may run the copies' initializers while it builds (a functional
+            # model's symbolic add_loss does), and they read tower 0's weights: in a
+            # session of this graph where those are initialized, not in Keras' own.
+            root = function_graphs.root_graph(graph)
+            with keras_sessions.construction_session(root) as session:
+                session.run([v.initializer for v in originals.values()])
+                model = self._construct(self._copy, getter, originals, policy)
             keras_weights.same_trainable_flags(main, model)
             self._models[function_graphs.root_graph(graph)][ctx.index] = model
         if ctx.is_training:
