@@ -75,6 +75,7 @@ def start_child(task, command, env, output):
     process = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_launcher)
+    reaper.started_here(process.pid)
     readers = [output.follow(task, process.stdout),
                output.follow(task, process.stderr, to_stderr=True)]
     return Child(task, process, readers, time.monotonic())

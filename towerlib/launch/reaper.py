@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["Watchdog", "become_subreaper", "end_orphans", "kill_session",
+__all__ = ["Watchdog", "become_subreaper", "end_orphans", "kill_session", "started_here",
            "orphan_sessions", "session_members"]
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
@@ -140,13 +140,25 @@ def now_ticks():
         return 0
 
 
+# Every process a launcher of this process started (tasks, watchdogs). Being a subreaper
+# is a property of the whole process, so several launchers in one process (hosts
+# simulated by threads) must not take each other's tasks for orphans.
+_STARTED_HERE = set()
+
+
+def started_here(pid):
+    """Records `pid` as started by a launcher of this process (never an orphan)."""
+    _STARTED_HERE.add(pid)
+
+
 def _orphans(known, since):
-    """This process's children that it did not start: not in `known`, started at or
-    after `since` (ticks), in another session than this process's."""
+    """This process's children that it did not start: not in `known` nor started by any
+    launcher of this process, started at or after `since` (ticks), in another session
+    than this process's."""
     me, own_session = os.getpid(), os.getsid(0)
     found = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in known:
+        if name.isdigit() and int(name) not in known and int(name) not in _STARTED_HERE:
             fields = _stat_fields(name)
             if fields and len(fields) > 19 and int(fields[1]) == me and \
                     int(fields[3]) != own_session and int(fields[19]) >= since:
@@ -230,6 +242,7 @@ class Watchdog:
             [sys.executable, "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)   # the terminal's Ctrl-C is the launcher's
+        started_here(self._process.pid)
         for session in sorted(self._open):
             self._send(f"+{session}")
 
