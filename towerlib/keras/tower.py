@@ -185,10 +185,15 @@ class KerasTower(TowerModel):
             # Keras may run the copies' initializers while it builds (a functional
             # model's symbolic add_loss does), and they read tower 0's weights: in a
             # session of this graph where those are initialized, not in Keras' own.
+            # On a cluster's devices (/job:...) no local session can run them: built as
+            # it is there.
             root = function_graphs.root_graph(graph)
-            with keras_sessions.construction_session(root) as session:
-                session.run([v.initializer for v in originals.values()])
+            if any("/job:" in v.device for v in originals.values()):
                 model = self._construct(self._copy, getter, originals, policy)
+            else:
+                with keras_sessions.construction_session(root) as session:
+                    session.run([v.initializer for v in originals.values()])
+                    model = self._construct(self._copy, getter, originals, policy)
             keras_weights.same_trainable_flags(main, model)
             self._models[function_graphs.root_graph(graph)][ctx.index] = model
         if ctx.is_training:
