@@ -4,9 +4,10 @@ A real local Ray cluster (ray.init) and Ray Train's TensorflowTrainer (Train V2,
 default in ray 2.60) with 2 workers, each an actor process that Ray gives its TF_CONFIG
 and that trains 2 virtual CPU towers (tests/cluster/ray_job.py). One run goes through;
 in another, worker 1 SIGKILLs its own process after step 10. Worker 0's step then
-fails, it raises WorkerLostError out of the training function, Ray counts the failure
-and, under FailureConfig(max_failures=1), restarts both workers in new processes with a
-new TF_CONFIG; they resume from checkpoint 8, the newest both have, and end at step 20
+fails and it raises WorkerLostError out of the training function (unless Ray's
+controller saw the dead actor first and stopped it); Ray counts the failure and, under
+FailureConfig(max_failures=1), restarts both workers in new processes with a new
+TF_CONFIG; they resume from checkpoint 8, the newest both have, and end at step 20
 with every variable bit-identical to the run that went through. After ray.shutdown()
 no process the cluster started is left. The cluster stays on loopback: its node
 address, which Ray Train writes into each worker's TF_CONFIG, is 127.0.0.1.
@@ -213,10 +214,13 @@ def test_a_worker_killed_under_ray_train_is_restarted_and_the_run_ends_bit_ident
         assert steps == list(range(9, ray_job.MAX_STEPS + 1)), (rank, steps)
     resumed = min(when for name, _, pid, _, when in log
                   if name == "step" and pid in (again[0][0], again[1][0]))
-    # Worker 0 (alive) raised towerlib's retryable error, naming the lost worker.
-    lost = [m for m in worker_errors(ray_cluster) if "WorkerLostError: Worker 0:" in m]
-    assert lost and "worker task 1" in lost[0] and "no longer accepts connections" in \
-        lost[0], worker_errors(ray_cluster)
+    # Two ways to the restart, and which comes first is Ray's timing, not towerlib's:
+    # worker 0 (alive) raises towerlib's retryable error naming the lost worker, or Ray's
+    # controller sees the dead actor first and stops worker 0 before it raises. Either way
+    # no other error: no raw TensorFlow error reaches Ray.
+    errors = worker_errors(ray_cluster)
+    assert all("WorkerLostError: Worker 0:" in m and "worker task 1" in m
+               and "no longer accepts connections" in m for m in errors), errors
     print(f"Ray Train restart: {resumed - killed_at:.1f} s from the kill to the first step "
           f"after resume; test {time.monotonic() - began:.0f} s", file=sys.stderr)
 

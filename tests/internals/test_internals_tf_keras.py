@@ -1,6 +1,7 @@
 """What towerlib.internals.tf_keras relies on in tf_keras: fails loudly if a release moves it."""
 
 import inspect
+import sys
 import threading
 
 import tensorflow as tf
@@ -60,3 +61,14 @@ def test_tf1_layers_batch_norm_is_recognized_by_its_module():
     from tf_keras.src.legacy_tf_layers import normalization
     assert keras_internals.is_tf1_layer(normalization.BatchNormalization())
     assert not keras_internals.is_tf1_layer(tf_keras.layers.BatchNormalization())
+
+
+def test_the_global_policy_is_read_from_tf_keras_and_is_none_before_it_is_imported(
+        monkeypatch):
+    # A model function imports tf_keras only when it runs, after the build read the
+    # policy: with tf_keras not yet imported nobody can have set one.
+    assert keras_internals.global_policy_name() == "float32"
+    with keras_internals.global_policy("mixed_bfloat16"):
+        assert keras_internals.global_policy_name() == "mixed_bfloat16"
+    monkeypatch.delitem(sys.modules, "tf_keras")
+    assert keras_internals.global_policy_name() is None

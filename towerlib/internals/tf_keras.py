@@ -180,8 +180,10 @@ def compute_dtype_of(layer):
 
 
 def global_policy_name():
-    """The name of Keras' global mixed-precision policy ('float32', 'mixed_bfloat16')."""
-    return loaded().mixed_precision.global_policy().name
+    """The name of Keras' global mixed-precision policy ('float32', 'mixed_bfloat16'),
+    or None while tf_keras is not imported (then no one can have set one)."""
+    keras = loaded()
+    return None if keras is None else keras.mixed_precision.global_policy().name
 
 
 @contextlib.contextmanager
