@@ -3,7 +3,7 @@
     python bench/bench_record_input.py --records=2000 --repetitions=3
 
 On JPEG shards generated in a temporary folder in the layout tf_cnn_benchmarks reads
-(`image/encoded`, `image/class/label`), measured in one process, interleaved:
+(`image/encoded`, `image/class/label`; examples/imagenet/records.py), measured in one process, interleaved:
 
 1. input throughput (examples/s), JPEG decode off (parse only) and on:
    - 'indexed': towerlib.global_batch_input(towerlib.TFRecords(...)), each record read
@@ -43,40 +43,17 @@ flags.DEFINE_string("rss_child", None, "Internal: read this folder's shards, pri
 SHARDS = 8
 
 
-def _write_shards(folder, records, start=0):
-    import numpy as np
-    import tensorflow as tf
-
-    os.makedirs(folder, exist_ok=True)
-    rng = np.random.RandomState(start)
-    size = FLAGS.image_size
-    base = (np.linspace(0, 255, size)[None, :, None] * np.ones([size, 1, 3])).astype(np.uint8)
-    for k in range(SHARDS):
-        with tf.io.TFRecordWriter(os.path.join(folder, f"train-{start + k:05d}")) as writer:
-            for _ in range(records // SHARDS):
-                noise = rng.randint(0, 64, size=[size, size, 3]).astype(np.uint8)
-                jpeg = tf.io.encode_jpeg(base + noise, quality=90).numpy()
-                feature = {
-                    "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(
-                        value=[jpeg])),
-                    "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(
-                        value=[int(rng.randint(1, 1001))]))}
-                writer.write(tf.train.Example(features=tf.train.Features(
-                    feature=feature)).SerializeToString())
-
-
 def _parse(decode_jpeg):
     import tensorflow as tf
 
-    spec = {"image/encoded": tf.io.FixedLenFeature([], tf.string),
-            "image/class/label": tf.io.FixedLenFeature([], tf.int64)}
+    from examples.imagenet import records
 
     def parse(record):
-        parsed = tf.io.parse_single_example(record, spec)
-        image = parsed["image/encoded"]
+        parsed = records.parse(record)
+        image = parsed["jpeg"]
         value = (tf.reduce_mean(tf.cast(tf.io.decode_jpeg(image, channels=3), tf.float32))
                  if decode_jpeg else tf.cast(tf.strings.length(image), tf.float32))
-        return value, tf.cast(parsed["image/class/label"], tf.int32)
+        return value, parsed["label"]
     return parse
 
 
@@ -153,15 +130,16 @@ def _index_seconds(folder):
 
 def main(argv):
     del argv
+    from examples.imagenet import records
+
     if FLAGS.rss_child:
         _rss_child(FLAGS.rss_child)
         return
     work = tempfile.mkdtemp(prefix="bench_record_input_")
     try:
         one, four = os.path.join(work, "1x"), os.path.join(work, "4x")
-        _write_shards(one, FLAGS.records)
-        for k in range(4):
-            _write_shards(four, FLAGS.records, start=SHARDS * k)
+        records.write_shards(one, FLAGS.records, SHARDS, FLAGS.image_size, seed=0)
+        records.write_shards(four, 4 * FLAGS.records, 4 * SHARDS, FLAGS.image_size, seed=1)
         print(f"load before: {os.getloadavg()}")
         seconds = _index_seconds(four)
         print(f"index build: {seconds:.2f} s for {_folder_gb(four):.3f} GB "
