@@ -69,6 +69,13 @@ _STATE = ("seed", "global_batch_size", "examples_before", "batches_read", "num_e
           "source_fingerprint")
 # Batches prefetched ahead of the step: with the reads in flight, what bounds memory.
 PREFETCH_BATCHES = 2
+# Examples of a record source read (and decoded, augmented) at once. A positioned read
+# waits on the file system more than it computes, so more of them than cores: tf.data's
+# autotuning, which sizes a map by its CPU time, kept about 2 on 2 cores and read at
+# 0.5x a sequential stream; 32 at its pace (bench/bench_record_input.py). In one map:
+# a second, autotuned map for the decoding held the reads back again. Memory: 32
+# examples, decoded.
+READS_IN_FLIGHT = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,16 +282,16 @@ def _dataset(source, augment, first, seed, global_batch_size, bounds):
                 lambda e: np.array([row.tobytes() for row in rows[e]], dtype=object),
                 [examples], tf.string, stateful=False)
             return tf.ensure_shape(found, [size]), keys
-        batches, fetch = batches.map(records), tf.identity
-    else:  # each example's record read by tf.data ops, in the parallel map below
-        fetch = source.record_reader()
+        batches, fetch, parallel = batches.map(records), tf.identity, tf.data.AUTOTUNE
+    else:  # each example's record read by tf.data ops, READS_IN_FLIGHT at a time
+        fetch, parallel = source.record_reader(), READS_IN_FLIGHT
 
     def one(item, key):
         value = fetch(item)
         if source.decode is not None:
             value = source.decode(value)
         return augment(value, key) if augment is not None else value
-    dataset = batches.unbatch().map(one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = batches.unbatch().map(one, num_parallel_calls=parallel, deterministic=True)
     return dataset.batch(size, drop_remainder=True).prefetch(PREFETCH_BATCHES)
 
 
