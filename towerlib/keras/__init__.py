@@ -6,6 +6,7 @@
 The package, one job per module:
 
   tower.py      KerasTower: a tf_keras model as the tower function
+  model_checks.py  what KerasTower refuses of a model: Keras 3, another precision, all frozen
   objective.py  its loss and metrics per tower, as model.compile forms them
   weights.py    its weights as towerlib's variables: routed, copied, frozen
   export.py     its checkpoint as a SavedModel or Keras' weights file

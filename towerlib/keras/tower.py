@@ -55,6 +55,7 @@ import tensorflow as tf
 from towerlib.batchnorm import keras_layers
 from towerlib.internals import error_texts, function_graphs, keras_sessions, tf_keras
 from towerlib.keras import export as keras_export
+from towerlib.keras import model_checks
 from towerlib.keras import weights as keras_weights
 from towerlib.keras.objective import KerasObjective
 from towerlib.keras.weights import KerasTowerError
@@ -83,7 +84,7 @@ class KerasTower(TowerModel):
     """
 
     def __init__(self, model, loss, metrics=None, loss_weights=None):
-        _check_model(model)
+        model_checks.check_model(model)
         self._given = model
         self._objective = KerasObjective(loss, loss_weights, metrics)
         self._models = weakref.WeakKeyDictionary()  # root graph -> {tower index: model}
@@ -112,7 +113,7 @@ class KerasTower(TowerModel):
                 or not (given.built and given.weights) \
                 or function_graphs.root_graph(given.weights[0].graph) is graph:
             model = self.model()
-        elif _is_clonable(given):
+        elif model_checks.is_clonable(given):
             model = self._models.setdefault(graph, {})[0] = tf_keras.clone_model(given)
         else:
             raise KerasTowerError(
@@ -144,7 +145,7 @@ class KerasTower(TowerModel):
         features, labels = _features_and_labels(inputs)
         outputs = self.outputs(features, ctx)
         if ctx.is_training and ctx.index == 0:
-            _check_something_trains(self._tower_main_model())
+            model_checks.check_something_trains(self._tower_main_model())
         names = list(getattr(self._tower_main_model(), "output_names", None) or [])
         metrics = self._objective.metrics(labels, outputs, names)
         if not self._objective.has_loss:  # an evaluation tower: metrics only
@@ -197,7 +198,7 @@ class KerasTower(TowerModel):
             keras_weights.same_trainable_flags(main, model)
             self._models[function_graphs.root_graph(graph)][ctx.index] = model
         if ctx.is_training:
-            _check_policy(model, ctx.compute_dtype)
+            model_checks.check_policy(model, ctx.compute_dtype)
         ops_before = len(graph.get_operations())
         with keras_weights.variables_through(getter, originals, ctx.name_scope), \
                 keras_layers.keras_batch_norm_in(ctx):
@@ -224,7 +225,7 @@ class KerasTower(TowerModel):
         if not keras_weights.tower_has_copies(main, getter):
             models[ctx.index] = main
             return main, originals
-        if not (_is_clonable(main) or self._builder()):
+        if not (model_checks.is_clonable(main) or self._builder()):
             raise ValueError(
                 f"KerasTower: with replicated variables each tower needs its own copy of "
                 f"the model, and {type(main).__name__} is a subclassed model, which "
@@ -246,11 +247,11 @@ class KerasTower(TowerModel):
                     "(KerasTower(lambda: make_model(), loss)), which is called once per graph.")
             keras_weights.keep_held_values(model)
             return model
-        _check_global_policy(policy)
+        model_checks.check_global_policy(policy)
         with keras_sessions.construction_session(graph), \
                 keras_sessions.assignments_captured() as assigned:  # what Keras loads
             model = self._construct(self._given, getter, {}, policy)
-            _check_built_model(model)
+            model_checks.check_built_model(model)
             keras_weights.keep_held_values(model, assigned)
         return model
 
@@ -275,7 +276,7 @@ class KerasTower(TowerModel):
     def _copy(self):
         if self._builder() is not None:
             model = self._builder()()
-            _check_built_model(model)
+            model_checks.check_built_model(model)
             return model
         main = self._models[function_graphs.root_graph(tf.compat.v1.get_default_graph())][0]
         return tf_keras.clone_model(main)
@@ -285,97 +286,9 @@ class KerasTower(TowerModel):
 _IN_A_TOWER = re.compile(r"(^|/)tower_\d+/")
 
 
-_MIXED = {tf.bfloat16: "mixed_bfloat16", tf.float16: "mixed_float16"}
-
-
 def _policy_for(ctx):
     """Keras' policy name for the tower's compute dtype; None in float32 (left as set)."""
-    return _MIXED.get(ctx.compute_dtype) if ctx.is_training else None
-
-
-def _check_policy(model, compute_dtype):
-    """The model computes in the build's dtype, or is refused naming the one way.
-
-    Layers of integer compute dtype (an int32 Input of token ids) do not
-    count; a float32 layer inside a mixed model (a final softmax kept in
-    float32, as Keras recommends) is allowed.
-    """
-    computed = {tf.as_dtype(d) for d in (tf_keras.compute_dtype_of(layer) for layer in
-                [model] + list(model.submodules)) if d and tf.as_dtype(d).is_floating}
-    half = computed & {tf.float16, tf.bfloat16}
-    if compute_dtype == tf.float32 and half:
-        (dtype,) = sorted(d.name for d in half)[:1]
-        raise KerasTowerError(
-            f"KerasTower: the model {model.name!r} computes in {dtype} (a Keras mixed-"
-            f"precision policy) but the build's precision is float32. Fix: "
-            f"precision=towerlib.{_PRECISION[dtype]}() (the policy then means the same), or "
-            "build the model under the 'float32' policy.")
-    if compute_dtype != tf.float32 and half != {compute_dtype}:
-        seen = sorted(d.name for d in computed) or ["float32"]
-        raise KerasTowerError(
-            f"KerasTower: precision={_PRECISION[compute_dtype.name]}() but the model "
-            f"{model.name!r} computes in {seen}: it was constructed under another Keras "
-            "policy. Fix: give KerasTower a function that builds the model (towerlib calls "
-            f"it under Keras' {_MIXED[compute_dtype]!r} policy), or construct it after "
-            f"tf_keras.mixed_precision.set_global_policy({_MIXED[compute_dtype]!r}).")
-
-
-_PRECISION = {"float32": "Float32", "bfloat16": "BFloat16", "float16": "Float16"}
-
-
-def _check_global_policy(policy):
-    """A model function is built under the build's policy; a global Keras policy of the
-    other half precision says the user meant another one: refused, not overridden."""
-    name = tf_keras.global_policy_name()
-    if policy is None or name == policy or name not in _MIXED.values():
-        return
-    build = {v: k for k, v in _MIXED.items()}[policy].name
-    raise KerasTowerError(
-        f"KerasTower: Keras' global policy is {name!r} but the build's precision is "
-        f"{_PRECISION[build]}() ({policy!r}): the model function would compute in {build} "
-        f"with no word. Fix: precision=towerlib.{_PRECISION[name.split('_')[1]]}(), or "
-        "tf_keras.mixed_precision.set_global_policy('float32') and let towerlib choose.")
-
-
-def _check_something_trains(model):
-    """A model whose weights are all frozen has nothing for the step to train."""
-    if not model.weights or model.trainable_weights:
-        return
-    frozen = [w.name.split(":")[0] for w in model.weights]
-    raise KerasTowerError(
-        f"KerasTower: every weight of the model {model.name!r} is frozen (trainable = "
-        f"False: {len(frozen)} weights, {', '.join(frozen[:3])}...), so the step has nothing "
-        "to train. Fix: unfreeze the layers to train (layer.trainable = True, e.g. the "
-        "classifier on a frozen base), or use build_eval_graph for inference only.")
-
-
-def _check_model(model):
-    kind = tf_keras.keras3_kind(model)
-    if kind is not None:
-        raise TypeError(
-            f"KerasTower got a Keras 3 {kind} ({type(model).__module__}."
-            f"{type(model).__name__}); Keras 3 has no graph mode. Fix: build the model with "
-            "tf_keras (pip install tf_keras; `import tf_keras`, and set "
-            "TF_USE_LEGACY_KERAS=1 before importing TensorFlow if your code says tf.keras).")
-    if tf_keras.is_keras2_model(model):
-        return
-    if callable(model) and not isinstance(model, tf.Module):
-        return  # a function (or class) that builds the model
-    raise TypeError(f"KerasTower's model must be a tf_keras.Model or a function that "
-                    f"returns one, got {type(model).__name__}.")
-
-
-def _check_built_model(model):
-    if not tf_keras.is_keras2_model(model):
-        kind = tf_keras.keras3_kind(model)
-        what = f"a Keras 3 {kind}" if kind else type(model).__name__
-        raise TypeError(f"KerasTower's model function returned {what}, not a tf_keras.Model. "
-                        "Fix: build it with tf_keras (Keras 3 has no graph mode).")
-
-
-def _is_clonable(model):
-    keras = tf_keras.loaded()
-    return isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)
+    return model_checks.MIXED.get(ctx.compute_dtype) if ctx.is_training else None
 
 
 def _features_and_labels(inputs):
