@@ -91,7 +91,7 @@ class LARSOptimizer(_TrustRatioOptimizer):
     def __init__(self, learning_rate, momentum=0.9, weight_decay=0.0, eta=0.001,
                  excluded=None, use_locking=False, name="LARS"):
         super().__init__(learning_rate, weight_decay, excluded, use_locking, name)
-        _check_finite(name, eta=eta)
+        _check_finite(name, momentum=momentum, eta=eta)
         if not 0 <= momentum < 1 or not eta > 0:
             raise ValueError(f"LARS: momentum must be in [0, 1) and eta > 0, got "
                              f"{momentum!r} and {eta!r}.")
@@ -129,7 +129,7 @@ class LAMBOptimizer(_TrustRatioOptimizer):
     def __init__(self, learning_rate, beta1=0.9, beta2=0.999, epsilon=1e-6, weight_decay=0.0,
                  excluded=None, use_locking=False, name="LAMB"):
         super().__init__(learning_rate, weight_decay, excluded, use_locking, name)
-        _check_finite(name, epsilon=epsilon)
+        _check_finite(name, beta1=beta1, beta2=beta2, epsilon=epsilon)
         # An epsilon that float32 rounds to 0 divides a zero gradient's 0 by 0.
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1 and epsilon >= _FLOAT32_TINY):
             raise ValueError(f"LAMB: beta1, beta2 must be in [0, 1) and epsilon >= "
@@ -193,8 +193,17 @@ def _check_rate(rate, name):
                          f"tensor, got {rate!r}. Fix: e.g. {name}(0.1, ...).")
 
 
+# A usual value of each setting, for the fix a refusal names.
+_EXAMPLE = {"weight_decay": 1e-4, "momentum": 0.9, "eta": 0.001, "beta1": 0.9,
+            "beta2": 0.999, "epsilon": 1e-6}
+
+
 def _check_finite(name, **values):
+    """Each value a finite real number (not a bool, a string or None), else one line."""
     for key, value in values.items():
-        if isinstance(value, numbers.Real) and not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name}: {key} must be a number, got {value!r} "
+                            f"({type(value).__name__}). Fix: e.g. {key}={_EXAMPLE[key]}.")
+        if not math.isfinite(value):
             raise ValueError(f"{name}: {key} must be a finite number, got {value!r}; "
                              "it makes every step NaN or zero.")

@@ -156,7 +156,7 @@ class CosineDecay:
 
     def __post_init__(self):
         _check(_is_int(self.total_steps) and self.total_steps >= 1
-               and 0 <= self.end_fraction <= 1,
+               and _is_real(self.end_fraction) and 0 <= self.end_fraction <= 1,
                f"CosineDecay(total_steps={self.total_steps!r}, end_fraction="
                f"{self.end_fraction!r}): total_steps an int >= 1, end_fraction in [0, 1].")
 
@@ -186,9 +186,10 @@ class PolynomialDecay:
 
     def __post_init__(self):
         _check(_is_int(self.total_steps) and self.total_steps >= 1
-               and 0 <= self.end_fraction <= 1 and _is_real(self.power)
-               and 0 < self.power < math.inf,
-               f"PolynomialDecay(total_steps={self.total_steps!r}, ...): total_steps an "
+               and _is_real(self.end_fraction) and 0 <= self.end_fraction <= 1
+               and _is_real(self.power) and 0 < self.power < math.inf,
+               f"PolynomialDecay(total_steps={self.total_steps!r}, end_fraction="
+               f"{self.end_fraction!r}, power={self.power!r}): total_steps an "
                "int >= 1, end_fraction in [0, 1], power a finite number > 0.")
 
     def check_after(self, warmup_steps):

@@ -229,6 +229,18 @@ case("`towerlib.CollectiveExchange(timeout_seconds=0)`", "`CollectiveExchange(..
      "timeout_seconds")(lambda tmp: towerlib.CollectiveExchange(timeout_seconds=0))
 case("`loss_scaling.make_loss_scale('dynamc')`", "`make_loss_scale`", "dynamc")(
     lambda tmp: towerlib.loss_scaling.make_loss_scale("dynamc"))
+case("`CosineDecay(100, end_fraction='0.1')` (a string)", "`CosineDecay(...)`",
+     "end_fraction='0.1'")(
+    lambda tmp: towerlib.schedules.CosineDecay(100, end_fraction="0.1"))
+case("`PolynomialDecay(100, power='2')` (a string)", "`PolynomialDecay(...)`", "power='2'")(
+    lambda tmp: towerlib.schedules.PolynomialDecay(100, power="2"))
+case("`LARSOptimizer(0.1, momentum='0.9')` (a string)", "`LARSOptimizer(...)`",
+     "momentum", "'0.9'")(
+    lambda tmp: towerlib.optimizers.LARSOptimizer(0.1, momentum="0.9"))
+case("`LARSOptimizer(0.1, eta=None)`", "`LARSOptimizer(...)`", "eta", "None")(
+    lambda tmp: towerlib.optimizers.LARSOptimizer(0.1, eta=None))
+case("`LAMBOptimizer(0.1, beta2='0.999')` (a string)", "`LAMBOptimizer(...)`", "beta2")(
+    lambda tmp: towerlib.optimizers.LAMBOptimizer(0.1, beta2="0.999"))
 
 
 # --- the tower function -------------------------------------------------------
@@ -648,6 +660,17 @@ def _empty_records(tmp):
     path = os.path.join(tmp, "empty.bin")
     open(path, "wb").close()
     towerlib.check_record_files(path, record_bytes=10)
+
+
+case("`FixedLengthRecords` with `record_bytes='5'` (a string)", "`FixedLengthRecords`",
+     "record_bytes", "'5'")(
+    lambda tmp: towerlib.FixedLengthRecords(tmp, "5", tf.identity))
+case("`FixedLengthRecords` with `record_bytes=5.0` (not a whole number type)",
+     "`FixedLengthRecords`", "record_bytes", "5.0")(
+    lambda tmp: towerlib.FixedLengthRecords(tmp, 5.0, tf.identity))
+case("`FixedLengthRecords([], 5, decode)`: no file", "`FixedLengthRecords.num_examples`",
+     "No file given")(
+    lambda tmp: towerlib.FixedLengthRecords([], 5, tf.identity).num_examples)
 
 
 case("a stateful random op in a saved-position pipeline", "`saved_position_iterator`",

@@ -5,6 +5,7 @@ vanishing epsilon, schedules past int64 or with an infinite power."""
 
 import math
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -89,3 +90,16 @@ def test_loop_options_of_the_wrong_type_are_named_before_anything_runs(option, v
 def test_lars_refuses_a_rate_given_as_a_string():
     with pytest.raises(TypeError, match="learning_rate is the string '0.1'"):
         towerlib.optimizers.LARSOptimizer("0.1")
+
+
+def test_numpy_bools_are_bools_to_the_step_options():
+    # A flag read from an array (np.True_, a mask's element) means what True means.
+    with tf.Graph().as_default():
+        quiet = build(summaries=np.False_, check_isolation=np.True_)
+        assert not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+        assert quiet.train_op is not None
+    with tf.Graph().as_default():
+        build(summaries=np.True_)
+        assert tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
+    with tf.Graph().as_default(), pytest.raises(TypeError, match="summaries must be True"):
+        build(summaries=np.int64(1))

@@ -13,6 +13,7 @@ size check that `check_record_files` applies.
 """
 
 import dataclasses
+import numbers
 import os
 from typing import List
 
@@ -59,9 +60,15 @@ class RecordFileSize:
         return self.size > 0 and self.leftover == 0
 
 
-def _check_record_bytes(record_bytes):
+def check_record_bytes(record_bytes):
+    """record_bytes as an int (numpy's too); anything but a whole number >= 1 refused."""
+    if isinstance(record_bytes, bool) or not isinstance(record_bytes, numbers.Integral):
+        raise TypeError(f"record_bytes must be an int, the bytes of one record, got "
+                        f"{record_bytes!r} ({type(record_bytes).__name__}). Fix: e.g. "
+                        "record_bytes=3073 for CIFAR-10.")
     if record_bytes < 1:
         raise ValueError(f"record_bytes must be >= 1, got {record_bytes}.")
+    return int(record_bytes)
 
 
 def record_file_size(path, record_bytes, *, header_bytes=0, footer_bytes=0):
@@ -78,7 +85,7 @@ def record_file_size(path, record_bytes, *, header_bytes=0, footer_bytes=0):
     Returns:
       A RecordFileSize.
     """
-    _check_record_bytes(record_bytes)
+    check_record_bytes(record_bytes)
     size = tf.io.gfile.stat(os.fspath(path)).length
     body = size - header_bytes - footer_bytes
     records, leftover = divmod(body, record_bytes) if body >= 0 else (0, body)
@@ -90,6 +97,9 @@ def _expand(paths):
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     found, problems = [], []
+    if not paths:
+        problems.append(f"no file given ({paths!r}). Fix: a file, a directory, a glob "
+                        "pattern or a list of them.")
     for entry in paths:
         entry = os.fspath(entry)
         if tf.io.gfile.isdir(entry):
@@ -144,8 +154,10 @@ def check_record_files(paths, record_bytes, *, header_bytes=0, footer_bytes=0,
     Raises:
       DataError: listing every bad file, each with the fix.
     """
-    _check_record_bytes(record_bytes)
+    check_record_bytes(record_bytes)
     files, problems = _expand(paths)
+    if not files and problems and not paths:
+        raise DataError(problems[0][0].upper() + problems[0][1:])
     records = []
     for path in files:
         found = record_file_size(path, record_bytes, header_bytes=header_bytes,

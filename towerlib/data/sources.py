@@ -143,6 +143,10 @@ class FixedLengthRecords:
     decode: Callable
     in_memory: bool = False
 
+    def __post_init__(self):
+        object.__setattr__(self, "record_bytes", data_checks.check_record_bytes(
+            self.record_bytes))
+
     @functools.cached_property
     def files(self):
         """RecordFiles: the files in order, and their record counts."""

@@ -18,6 +18,7 @@ import numbers
 import types
 from typing import Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from towerlib.batchnorm.modes import BnMode, resolve_bn_mode
@@ -123,8 +124,9 @@ def check_workers_apply(workers, update):
 
 
 def _check_bool(name):
+    """True or False; numpy's bools (np.True_, a mask's element) are bools too."""
     def check(value):
-        if not isinstance(value, bool):
+        if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{name} must be True or False, got {value!r}. "
                             f"Fix: {name}=True or {name}=False.")
     return check
