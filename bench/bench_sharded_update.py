@@ -11,6 +11,14 @@ step, initializes it, runs --warmup steps, times --steps steps (the median), and
 reports its peak resident set size (ru_maxrss) and what towerlib.replica_bytes reads
 from the graph. Reported: each configuration's medians, and sharded / unsharded.
 
+    python bench/bench_sharded_update.py --traffic
+
+counts instead, from built graphs (nothing runs), what crosses between devices in one
+step of ResNet-50's weights (bench/traffic_model.py, 161 variables, Adam) at 2, 4 and 8
+towers, through the graph transport and through collectives: the busiest device's
+bytes (gradients, weights and collectives; not the input batch), sharded against
+unsharded, beside the ring all-reduce of the weights' bytes, 2 (N - 1) / N x S.
+
 Not a test: numbers depend on the machine and on whatever else it runs.
 """
 
@@ -36,6 +44,7 @@ flags.DEFINE_integer("width", 3584, "Width of the dense layers.")
 flags.DEFINE_integer("depth", 4, "Dense layers of width x width.")
 flags.DEFINE_integer("warmup", 2, "Steps before timing.")
 flags.DEFINE_integer("steps", 5, "Timed steps per process.")
+flags.DEFINE_bool("traffic", False, "Count each step's bytes between devices instead.")
 flags.DEFINE_string("measure", "", "Internal: 'sharded' or 'unsharded': one measurement, "
                     "printed as JSON.")
 
@@ -101,8 +110,47 @@ def _run_fresh(configuration):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def busiest_device_bytes(num_towers, update, exchange):
+    """max over devices of max(sent, received) in one step, and the weights' bytes."""
+    import numpy as np
+    import tensorflow as tf
+
+    import towerlib
+    from bench import traffic_count, traffic_model
+
+    with tf.Graph().as_default():
+        images = tf.constant(np.zeros([8 * num_towers, 32, 32, 3], np.float32))
+        labels = tf.constant(np.zeros([8 * num_towers], np.int32))
+        train = towerlib.build_train_graph(
+            traffic_model.make_traffic_model("resnet50_sized"), (images, labels),
+            tf.compat.v1.train.AdamOptimizer(1e-4), num_towers=num_towers,
+            device_type="cpu", update=update, exchange=exchange, summaries=False)
+        weights = sum(v.shape.num_elements() * 4 for v in tf.compat.v1.trainable_variables())
+        per_device = traffic_count.count_traffic(train.train_op).per_device(
+            kinds=["variable", "computed", "collective"])
+        return max(max(pair) for pair in per_device.values()), weights
+
+
+def traffic():
+    import towerlib
+
+    for exchange in ("graph", "collective"):
+        for towers in (2, 4, 8):
+            unsharded, weights = busiest_device_bytes(towers, towerlib.Replicated(), exchange)
+            sharded, _ = busiest_device_bytes(
+                towers, towerlib.Replicated(shard_update=True), exchange)
+            ring = 2 * (towers - 1) / towers * weights
+            print(f"{exchange:10s} {towers} towers: busiest device, in S = {weights / 1e6:.1f}"
+                  f" MB: unsharded {unsharded / weights:.3f}, sharded {sharded / weights:.3f},"
+                  f" ring all-reduce {ring / weights:.3f}; sharded / unsharded "
+                  f"{sharded / unsharded:.3f}", flush=True)
+
+
 def main(argv):
     del argv
+    if FLAGS.traffic:
+        traffic()
+        return
     if FLAGS.measure:
         print(json.dumps(measure(FLAGS.measure)))
         return

@@ -30,7 +30,8 @@ from towerlib.update import allreduce
 from towerlib.update import copies as variable_copies
 from towerlib.update.base import CombinedGradients, UpdateChoice, VariableUpdate
 
-__all__ = ["DEFAULT_PACK_BYTES", "WIRE_DTYPES", "Replicated", "ReplicatedUpdate"]
+__all__ = ["DEFAULT_PACK_BYTES", "WIRE_DTYPES", "Replicated", "ReplicatedUpdate",
+           "warn_missing_gradients"]
 
 logger = logging.getLogger("towerlib")
 
@@ -90,6 +91,15 @@ class Replicated(UpdateChoice):
         return sharded.ShardedUpdate(num_towers, reducer, self.pack_bytes, wire)
 
 
+def warn_missing_gradients(pairs):
+    """A warning for each variable of tower 0's (gradient, variable) pairs without one."""
+    for gradient, variable in pairs:
+        if gradient is None:
+            logger.warning(
+                "Variable %s has no gradient in any tower; it is left out of "
+                "the update. Check that it feeds the loss.", variable.name)
+
+
 class ReplicatedUpdate(VariableUpdate):
     """Replicated's hooks for one build (towerlib.update.base).
 
@@ -143,11 +153,7 @@ class ReplicatedUpdate(VariableUpdate):
         if riders is not None and self._reducer is None:
             raise ValueError("Replicated.combine: riders need an exchange between towers.")
         tower_gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
-        for gradient, variable in tower_grads_and_vars[0]:
-            if gradient is None:
-                logger.warning(
-                    "Variable %s has no gradient in any tower; it is left out of "
-                    "the update. Check that it feeds the loss.", variable.name)
+        warn_missing_gradients(tower_grads_and_vars[0])
         if self._reducer is not None:
             with tf.name_scope("allreduce_gradients"):
                 tower_gradients = allreduce.allreduce_gradients(

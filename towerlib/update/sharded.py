@@ -3,12 +3,21 @@
     update = towerlib.Replicated(shard_update=True)
     train = towerlib.build_train_graph(model, batch, optimizer, num_towers=4, update=update)
 
-As under Replicated(), every tower holds a copy of every weight and the towers'
-gradients are summed. Then, instead of N towers each applying the whole update
-with slots for every weight, each weight has ONE owner tower: only the owner
-applies the optimizer to its copy, so only the owner holds that weight's slots
-(Adam's m and v), and the updated value is copied into the other towers' copies
-(the all-gather), after the apply and before anything reads the weights.
+As under Replicated(), every tower holds a copy of every weight. But each weight
+has ONE owner tower, and instead of N towers each summing every gradient and
+applying the whole update with slots for every weight:
+
+1. reduce-scatter: every tower sends its gradients of the weights tower m owns
+   to tower m (packed), which sums them: no tower receives another's sums;
+2. only the owner applies the optimizer to its copy, so only the owner holds
+   that weight's slots (Adam's m and v);
+3. all-gather: the updated value is copied into the other towers' copies,
+   after the apply and before anything reads the weights.
+
+What crosses between devices is then what one all-reduce carries: each
+weight's gradient N - 1 times to its owner, its new value N - 1 times back.
+Both go by the graph's own transfers (device to device), whatever the
+`exchange`: a collective all-reduce would hand every tower every sum.
 
 Shards are whole variables (a per-layer trust ratio, LARS or LAMB, sees its whole
 layer), balanced by the rule "largest variable first, onto the tower holding the
@@ -24,13 +33,14 @@ run and back, onto any number of towers (the owners are recomputed; a slot is
 one variable by name, wherever it lives).
 """
 
-import dataclasses
 from typing import Dict
 
 import tensorflow as tf
 
+from towerlib.update import allreduce
 from towerlib.update import copies as variable_copies
-from towerlib.update.replicated import ReplicatedUpdate
+from towerlib.update.base import CombinedGradients
+from towerlib.update.replicated import ReplicatedUpdate, warn_missing_gradients
 
 __all__ = ["ShardedUpdate", "owners_by_bytes"]
 
@@ -65,24 +75,49 @@ class ShardedUpdate(ReplicatedUpdate):
         self.owners: Dict[str, int] = {}  # plain name -> owner tower, set by combine
 
     def combine(self, tower_grads_and_vars, riders=None):
-        """Replicated's sum; each tower then keeps the pairs of the weights it owns.
+        """Each weight's gradients summed on its owner tower, and only there.
 
-        Only the owner's summed gradient is read afterwards (clipping's norm, the
-        loss scale's check, the apply), so with the graph transport the sum reaches
-        the owner alone: a reduce, not an all-reduce.
+        Dense gradients: every tower sends its gradients of the weights tower m
+        owns to tower m (one packed buffer per owner and dtype, at most
+        `pack_bytes`), which adds the towers' buffers in tower order: a
+        reduce-scatter, by the graph's own transfers whatever the exchange.
+        Sparse gradients (IndexedSlices) are gathered as under Replicated().
         """
-        combined = super().combine(tower_grads_and_vars, riders)
-        tower_0 = combined.per_copy[0]
+        if riders is not None:
+            raise ValueError("ShardedUpdate.combine: riders cross between workers, and "
+                             "the sharded update is built on one machine.")
+        tower_0 = tower_grads_and_vars[0]
+        warn_missing_gradients(tower_0)
         self.owners = owners_by_bytes({v.op.name: _bytes_of(v) for _, v in tower_0},
                                       self._copies.num_towers)
-        per_tower = [[] for _ in combined.per_copy]
+        owner_of = [self.owners[v.op.name] for _, v in tower_0]
+        gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
+        sums = dict(enumerate(gradients[0]))  # one tower: its own gradients
+        if self._reducer is not None:
+            with tf.name_scope("reduce_to_owners"):
+                sums = _reduce_to_owners(gradients, owner_of, self._reducer.devices,
+                                         self._pack_bytes, self._wire_dtype)
+            sums.update(self._gathered_sparse(gradients, owner_of))
+        per_tower = [[] for _ in tower_grads_and_vars]
         owned = []
         for position, (_, variable) in enumerate(tower_0):
-            owner = self.owners[variable.op.name]
-            gradient, copy = combined.per_copy[owner][position]
-            per_tower[owner].append((gradient, copy))
-            owned.append((gradient, variable))
-        return dataclasses.replace(combined, per_copy=per_tower, owned=owned)
+            if sums.get(position) is None:
+                continue
+            owner = owner_of[position]
+            copy = tower_grads_and_vars[owner][position][1]
+            per_tower[owner].append((sums[position], copy))
+            owned.append((sums[position], variable))
+        return CombinedGradients(per_tower, owned=owned)
+
+    def _gathered_sparse(self, gradients, owner_of):
+        """{position: the owner's IndexedSlices of every tower's rows}, as Replicated()."""
+        sparse = [[g if isinstance(g, tf.IndexedSlices) else None for g in tower]
+                  for tower in gradients]
+        if not any(sparse[0]):
+            return {}
+        with tf.name_scope("allreduce_sparse_gradients"):
+            gathered = allreduce.allreduce_gradients(self._reducer, sparse, self._pack_bytes)
+        return {p: gathered[owner_of[p]][p] for p, g in enumerate(sparse[0]) if g is not None}
 
     def apply(self, optimizer, pairs, global_step):
         """The owners' apply, then every other copy set to its owner's new value."""
@@ -119,6 +154,49 @@ class ShardedUpdate(ReplicatedUpdate):
     def sync_op(self):
         """Copies tower 0's weights into every other tower's copies (after a restore)."""
         return self._copies.sync_op()
+
+
+def _reduce_to_owners(gradients, owner_of, devices, pack_bytes, wire_dtype):
+    """{position: the sum over towers of dense gradient `position`, on its owner}.
+
+    Args:
+      gradients: per tower, its gradients (Tensor, IndexedSlices or None) in
+        tower 0's variable order.
+      owner_of: per position, the owner tower.
+      devices: per tower, its device.
+      pack_bytes: the largest buffer a tower sends an owner (0: one per gradient).
+      wire_dtype: None, or the half type the buffers cross and add in.
+
+    The owner adds the towers' buffers with one AddN in tower order, the op and the
+    order of the graph transport's hub: the same bits as Replicated()'s sum there.
+    """
+    dense = [p for p, g in enumerate(gradients[0])
+             if g is not None and not isinstance(g, tf.IndexedSlices)]
+    sums = {}
+    for owner, device in enumerate(devices):
+        # The last gradients first, as backprop computes them (Replicated's order).
+        mine = [p for p in reversed(dense) if owner_of[p] == owner]
+        for group in allreduce.pack_groups([gradients[0][p] for p in mine], pack_bytes):
+            positions = [mine[i] for i in group]
+            sent = [_buffer([gradients[t][p] for p in positions], devices[t], wire_dtype)
+                    for t in range(len(devices))]
+            with tf.device(device):
+                total = tf.add_n(sent, name=f"sum_on_tower_{owner}")
+                pieces = tf.split(total, [gradients[0][p].shape.num_elements()
+                                          for p in positions])
+                for p, piece in zip(positions, pieces):
+                    original = gradients[0][p]
+                    sums[p] = tf.cast(tf.reshape(piece, original.shape), original.dtype)
+    return sums
+
+
+def _buffer(tensors, device, wire_dtype):
+    """The tensors flattened into one vector (in `wire_dtype`), on their tower's device."""
+    with tf.device(device):
+        flat = [tf.reshape(tf.convert_to_tensor(t), [-1]) for t in tensors]
+        if wire_dtype is not None:
+            flat = [tf.cast(t, wire_dtype) for t in flat]
+        return flat[0] if len(flat) == 1 else tf.concat(flat, axis=0)
 
 
 def _bytes_of(variable):
