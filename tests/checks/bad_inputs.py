@@ -518,6 +518,13 @@ case("`log_every_n_steps=0`", RUN, "log_every_n_steps")(
     lambda tmp: _train(tmp, _build(), log_every_n_steps=0))
 case("`is_chief=False` without a `master`", RUN, "is_chief")(
     lambda tmp: _train(tmp, _build(), is_chief=False))
+case("`scaffold='scaffold'` (not a Scaffold)", RUN, "scaffold")(
+    lambda tmp: _train(tmp, _build(), scaffold="scaffold"))
+case("`session_creator_wrapper=5` (not a function)", RUN, "session_creator_wrapper")(
+    lambda tmp: _train(tmp, _build(), session_creator_wrapper=5))
+case("`session_creator_wrapper=lambda creator: None`", RUN, "session_creator_wrapper",
+     "returned None")(
+    lambda tmp: _train(tmp, _build(), session_creator_wrapper=lambda creator: None))
 case("`trace_steps=[0]`", RUN, "trace_steps")(
     lambda tmp: _train(tmp, _build(), trace_steps=[0]))
 case("towers on `/device:CPU:5` with a 2-CPU session config", RUN, "/device:CPU:5")(

@@ -152,6 +152,19 @@ def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint
                   "'grpc://...' of this worker, or is_chief=True for local training.")
 
 
+def check_session_parts(check, scaffold, session_creator_wrapper):
+    """scaffold: None or a Scaffold; session_creator_wrapper: None or a callable."""
+    if scaffold is not None and not isinstance(scaffold, tf.compat.v1.train.Scaffold):
+        check.add("scaffold", f"must be a tf.compat.v1.train.Scaffold or None, got "
+                  f"{scaffold!r}.", "e.g. scaffold=tf.compat.v1.train.Scaffold("
+                  "saver=...), or leave it out.")
+    if session_creator_wrapper is not None and not callable(session_creator_wrapper):
+        check.add("session_creator_wrapper", f"must be a function of run_training's "
+                  f"SessionCreator, got {session_creator_wrapper!r}.",
+                  "e.g. session_creator_wrapper=lambda creator: MyCreator(creator), "
+                  "returning a tf.compat.v1.train.SessionCreator.")
+
+
 def check_restore_from(check, restore_from):
     """restore_from: 'newest', a checkpoint prefix (a path) or None."""
     if restore_from is not None and not isinstance(restore_from, (str, os.PathLike)):

@@ -181,6 +181,7 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
         examples_per_step=examples_per_step,
         max_checkpoints_to_keep=max_checkpoints_to_keep, master=master,
         is_chief=is_chief, session_config=session_config, restore_from=restore_from,
+        scaffold=scaffold, session_creator_wrapper=session_creator_wrapper,
         devices=train_graph.devices, global_batch_size=_static_batch(train_graph, master))
     _check_evaluation(evaluation, train_graph, max_steps)
     if session_config is None and any("CPU" in d.upper() for d in train_graph.devices):
@@ -250,10 +251,8 @@ def _run(loop):
                                loop.is_chief, loop.train_dir, restore_from,
                                run_hooks.signal_hook, partial)
     run_hooks.all.append(creator.progress_hook)
-    if loop.session_creator_wrapper is not None:
-        creator = loop.session_creator_wrapper(creator)
     try:
-        start_step = _train(loop, run_hooks, creator)
+        start_step = _train(loop, run_hooks, _wrapped(loop, creator))
     except stopping.StopSignalReceived:
         start_step = None  # while no step could finish: no final checkpoint
     finally:
@@ -263,6 +262,19 @@ def _run(loop):
         start_step = checkpoints.checkpoint_step(
             run_hooks.last_checkpoint() or restore_from or "") or 0
     return _result(loop, run_hooks, start_step)
+
+
+def _wrapped(loop, creator):
+    """The session creator as session_creator_wrapper makes it (if given)."""
+    if loop.session_creator_wrapper is None:
+        return creator
+    wrapped = loop.session_creator_wrapper(creator)
+    if not callable(getattr(wrapped, "create_session", None)):
+        raise TypeError(
+            f"run_training: session_creator_wrapper returned {wrapped!r}, not a "
+            "SessionCreator (an object with create_session()). Fix: return the "
+            "creator it was given, or one wrapping it.")
+    return wrapped
 
 
 def _warm_start(loop, restore_from):

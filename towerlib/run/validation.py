@@ -166,3 +166,4 @@ def _check_loop(check, loop, probe_writes):
     if loop["trace_steps"] is not None:
         loop_options.check_trace_steps(check, loop["trace_steps"], loop["max_steps"])
     loop_options.check_restore_from(check, loop["restore_from"])
+    loop_options.check_session_parts(check, loop["scaffold"], loop["session_creator_wrapper"])
