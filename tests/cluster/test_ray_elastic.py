@@ -41,7 +41,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.cluster import ray_elastic_job
+from tests.cluster import ray_elastic_job, ray_serial
 from tests.cluster.progress_deadline import ProgressDeadline
 from tests.cluster.test_ray_train import descendants, still_alive
 
@@ -97,6 +97,8 @@ def ray_nodes(monkeypatch):
     # A start that waits for a lost node's slot gives up after this, and Ray looks again.
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "20")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    held = ray_serial.one_ray_cluster_at_a_time()
+    held.__enter__()   # released after the shutdown below, whatever happens
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     seen, nodes = {}, None
     try:
@@ -114,6 +116,7 @@ def ray_nodes(monkeypatch):
         while still_alive(seen) and time.monotonic() < deadline:
             time.sleep(0.25)
         shutil.rmtree(temp_dir, ignore_errors=True)
+        held.__exit__(None, None, None)
     left = still_alive(seen)
     assert not left, f"processes of the Ray cluster left after its shutdown: {left}"
 

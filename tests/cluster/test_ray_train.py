@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.cluster import ray_job
+from tests.cluster import ray_job, ray_serial
 from tests.cluster.progress_deadline import ProgressDeadline
 from tests.process_table import descendants
 
@@ -92,6 +92,8 @@ def ray_cluster(monkeypatch):
     monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(16))
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "1")   # the default; said, not assumed
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # a cluster of its own, not a user's
+    held = ray_serial.one_ray_cluster_at_a_time()
+    held.__enter__()   # released after the shutdown below, whatever happens
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")
     seen = {}
     try:
@@ -109,6 +111,7 @@ def ray_cluster(monkeypatch):
         while still_alive(seen) and time.monotonic() < deadline:
             time.sleep(0.25)
         shutil.rmtree(temp_dir, ignore_errors=True)
+        held.__exit__(None, None, None)
     left = still_alive(seen)
     assert not left, f"processes of the Ray cluster left after ray.shutdown(): {left}"
     assert not descendants(), f"processes left under the test: {descendants()}"

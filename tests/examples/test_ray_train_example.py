@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tests import helpers
+from tests.cluster.ray_serial import one_ray_cluster_at_a_time
 from tests.process_table import session_members
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,6 +60,8 @@ def test_the_ray_train_example_runs_on_loopback(tmp_path):
     environ.update(PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2",
                    RAY_TMPDIR=ray_temp, RAY_AUTH_TOKEN=secrets.token_hex(16),
                    RAY_TRAIN_V2_ENABLED="1")
+    held = one_ray_cluster_at_a_time()
+    held.__enter__()   # released once every process of the run has ended, below
     process = subprocess.Popen(
         [sys.executable, str(EXAMPLE), f"--train_dir={train_dir}",
          f"--max_steps={MAX_STEPS}"],
@@ -77,6 +80,7 @@ def test_the_ray_train_example_runs_on_loopback(tmp_path):
         for pid in left:
             os.kill(pid, signal.SIGKILL)
         shutil.rmtree(ray_temp, ignore_errors=True)
+        held.__exit__(None, None, None)
     assert not left, f"processes of the example's Ray cluster left: {left}"
     assert process.returncode == 0, output[-4000:]
     assert f"finished: 2 workers at global step {MAX_STEPS}" in output, output[-4000:]
