@@ -93,7 +93,7 @@ def train_augment(image_size):
         jpeg = example["jpeg"]
         begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
             tf.image.extract_jpeg_shape(jpeg), tf.zeros([1, 0, 4]), seed=crop_seed,
-            min_object_covered=0.1, aspect_ratio_range=(3 / 4, 4 / 3),
+            min_object_covered=0.08, aspect_ratio_range=(3 / 4, 4 / 3),
             area_range=(0.08, 1.0), max_attempts=10,
             use_image_if_no_bounding_boxes=True)
         window = tf.stack([begin[0], begin[1], size[0], size[1]])

@@ -17,11 +17,13 @@ number of workers (towerlib.global_batch_input), so a run may be resumed on anot
   towerlib-launch --workers 2 -- python -m examples.imagenet.train --num_towers=2
 
 The learning rate is 0.1 x B / 256 (B the global batch), momentum 0.9, weight decay
-1e-4, held constant: a schedule is towerlib's (docs/large_batch.md), not this lesson's.
+1e-4, held constant: a schedule is towerlib's (docs/large_batches.md), not this lesson's.
 """
 
 import json
 import os
+import shutil
+import tempfile
 
 from absl import app, flags
 
@@ -66,21 +68,42 @@ _MARKER = "generated.json"   # what write_shards was asked for, written after th
 def generated_shards(folder, num_records, image_size):
     """The generated shards' folder: written once, reused while the request is the same.
 
-    A folder holding anything else is refused: this script overwrites only shards
-    it wrote itself (its marker file says so)."""
+    Written whole into a temporary folder beside it, then renamed into place, so that
+    workers started together (each may generate) never see half a folder: the first
+    rename wins and the others reuse its shards. A folder holding anything else is
+    refused: this script replaces only a folder it wrote itself (its marker says so).
+    """
     request = {"records": num_records, "image_size": image_size}
-    marker = os.path.join(folder, _MARKER)
-    if os.path.isfile(marker):
-        with open(marker) as text:
-            if json.load(text) == request:
-                return folder
-    elif os.path.isdir(folder) and os.listdir(folder):
+    if _generated_request(folder) == request:
+        return folder
+    if os.path.isdir(folder) and os.listdir(folder) and _generated_request(folder) is None:
         raise ValueError(f"--generated_dir={folder} holds files this script did not "
                          "write. Fix: an empty or new --generated_dir, or --data_dir.")
-    records.write_shards(folder, num_records, image_size=image_size)
-    with open(marker, "w") as text:
-        json.dump(request, text)
+    parent = os.path.dirname(os.path.abspath(folder))
+    os.makedirs(parent, exist_ok=True)
+    partial = tempfile.mkdtemp(prefix=os.path.basename(folder) + ".partial-", dir=parent)
+    try:
+        records.write_shards(partial, num_records, image_size=image_size)
+        with open(os.path.join(partial, _MARKER), "w") as text:
+            json.dump(request, text)
+        if _generated_request(folder) is not None:   # an earlier request's shards, ours
+            shutil.rmtree(folder)
+        os.rename(partial, folder)   # fails if another worker's folder got there first
+    except OSError:
+        if _generated_request(folder) != request:
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return folder
+
+
+def _generated_request(folder):
+    """What the shards in `folder` were generated for, or None if it holds none of ours."""
+    try:
+        with open(os.path.join(folder, _MARKER)) as text:
+            return json.load(text)
+    except (OSError, ValueError):
+        return None
 
 
 def source():

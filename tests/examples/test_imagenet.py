@@ -152,7 +152,7 @@ def test_a_run_resumed_on_another_topology_ends_where_an_uninterrupted_one_does(
     for name in names:
         # float32 sums over 1, 2 or 3 towers in another order: each step's rounding
         # (2^-24 of the values) grows through 6 steps of a 14-layer network; 1e-5 is
-        # the bound the resized runs of the issue were held to.
+        # the bound towerlib's other resized runs are held to.
         np.testing.assert_allclose(other.get_tensor(name), reader.get_tensor(name),
                                    rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -166,3 +166,21 @@ def test_a_folder_without_shards_is_one_line_and_exit_2(tmp_path):
     assert len(lines) == 1 and f"--data_dir={tmp_path} has no train-* shards" in lines[0], \
         completed.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_workers_generating_together_end_with_one_whole_folder(tmp_path, monkeypatch):
+    # Worker 1 renames its folder into place while worker 0 is still writing its own:
+    # worker 0's rename fails, and it uses worker 1's shards; nothing half-written stays.
+    folder = str(tmp_path / "generated")
+    write = records.write_shards
+
+    def other_worker_first(partial, *args, **kwargs):
+        monkeypatch.setattr(records, "write_shards", write)
+        train.generated_shards(folder, 8, 32)   # the other worker, done first
+        write(partial, *args, **kwargs)
+    monkeypatch.setattr(records, "write_shards", other_worker_first)
+    assert train.generated_shards(folder, 8, 32) == folder
+    assert sorted(os.listdir(tmp_path)) == ["generated"]   # no '.partial-' folder left
+    names = sorted(os.listdir(folder))
+    assert names == ["generated.json"] + [f"train-{k:05d}-of-00008" for k in range(8)]
+    assert train._generated_request(folder) == {"records": 8, "image_size": 32}

@@ -358,3 +358,9 @@ def test_the_losses_and_moving_statistics_cross_with_the_gradients(bn_mode, alon
         assert [part for part in alone if any(part in name for name in others)] == alone
         assert any(name.startswith("allreduce_gradients/") for name in crossing)
         assert any(op.name.startswith("worker_riders") for op in graph.get_operations())
+
+
+def test_numpy_bools_describe_a_step_as_python_bools_do():
+    # A worker that passed summaries=np.True_ and one that passed True agree.
+    assert agreement._value_text(np.True_) == agreement._value_text(True) == "True"
+    assert agreement._value_text(np.False_) == "False"

@@ -259,3 +259,17 @@ def test_a_step_moves_what_one_ring_all_reduce_of_the_weights_moves(exchange):
         # Beside the weights: the towers' losses and a few scalars (under 0.5%).
         assert ring <= sent <= 1.005 * ring and ring <= received <= 1.005 * ring, (
             device, sent / ring, received / ring)
+
+
+@pytest.mark.parametrize("exchange", ["graph", "collective"])
+def test_sparse_gradients_reach_their_owner_under_either_exchange(exchange):
+    """An embedding's IndexedSlices go to its owner, which concatenates every tower's
+    rows in tower order, as Replicated() gathers them: no collective that only the
+    owner would run (a collective gather is run by every member or none)."""
+    batch = helpers.id_batch(10)
+    unsharded, _, _ = run(helpers.embedding_model, batch, "momentum", 3, "replicated")
+    got, train, _ = run(helpers.embedding_model, batch, "momentum", 3, SHARDED,
+                        exchange=exchange)
+    _assert_identical(got, unsharded)
+    table = [g for g, v in train.grads_and_vars if "embed" in v.op.name]
+    assert type(table[0]).__name__ == "IndexedSlices"

@@ -44,7 +44,9 @@ _MAX_ITEM_CHARS = 200
 
 def _value_text(value):
     """A short, process-independent text for an option's value."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+    if isinstance(value, (bool, np.bool_)):   # np.True_ is the same setting as True
+        return repr(bool(value))
+    if value is None or isinstance(value, str):
         return repr(value)
     if isinstance(value, numbers.Integral):
         return repr(int(value))

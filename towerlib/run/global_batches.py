@@ -46,6 +46,7 @@ index.
 import dataclasses
 import logging
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -71,11 +72,12 @@ _STATE = ("seed", "global_batch_size", "examples_before", "batches_read", "num_e
 PREFETCH_BATCHES = 2
 # Examples of a record source read (and decoded, augmented) at once. A positioned read
 # waits on the file system more than it computes, so more of them than cores: tf.data's
-# autotuning, which sizes a map by its CPU time, kept about 2 on 2 cores and read at
-# 0.5x a sequential stream; 32 at its pace (bench/bench_record_input.py). In one map:
-# a second, autotuned map for the decoding held the reads back again. Memory: 32
-# examples, decoded.
-READS_IN_FLIGHT = 32
+# autotuning, which sizes a map by its CPU time, kept about 2 on 2 cores and read 0.61x
+# as fast as a sequential stream; 32 read 1.26x (bench/bench_record_input.py, 2 cores).
+# In one map: a second, autotuned map for the decoding held the reads back again. On a
+# host of more cores, one per core, so decoding is never held below it. Memory: this
+# many examples, decoded.
+READS_IN_FLIGHT = max(32, os.cpu_count() or 1)
 
 
 @dataclasses.dataclass(frozen=True)

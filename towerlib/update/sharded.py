@@ -81,7 +81,8 @@ class ShardedUpdate(ReplicatedUpdate):
         owns to tower m (one packed buffer per owner and dtype, at most
         `pack_bytes`), which adds the towers' buffers in tower order: a
         reduce-scatter, by the graph's own transfers whatever the exchange.
-        Sparse gradients (IndexedSlices) are gathered as under Replicated().
+        Sparse gradients (IndexedSlices) go to their owner the same way, which
+        concatenates the towers' rows in tower order, as Replicated() gathers them.
         """
         if riders is not None:
             raise ValueError("ShardedUpdate.combine: riders cross between workers, and "
@@ -94,10 +95,12 @@ class ShardedUpdate(ReplicatedUpdate):
         gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
         sums = dict(enumerate(gradients[0]))  # one tower: its own gradients
         if self._reducer is not None:
+            _check_same_gradients(gradients)
             with tf.name_scope("reduce_to_owners"):
                 sums = _reduce_to_owners(gradients, owner_of, self._reducer.devices,
                                          self._pack_bytes, self._wire_dtype)
-            sums.update(self._gathered_sparse(gradients, owner_of))
+                sums.update(_gather_sparse_on_owners(gradients, owner_of,
+                                                     self._reducer.devices))
         per_tower = [[] for _ in tower_grads_and_vars]
         owned = []
         for position, (_, variable) in enumerate(tower_0):
@@ -108,16 +111,6 @@ class ShardedUpdate(ReplicatedUpdate):
             per_tower[owner].append((sums[position], copy))
             owned.append((sums[position], variable))
         return CombinedGradients(per_tower, owned=owned)
-
-    def _gathered_sparse(self, gradients, owner_of):
-        """{position: the owner's IndexedSlices of every tower's rows}, as Replicated()."""
-        sparse = [[g if isinstance(g, tf.IndexedSlices) else None for g in tower]
-                  for tower in gradients]
-        if not any(sparse[0]):
-            return {}
-        with tf.name_scope("allreduce_sparse_gradients"):
-            gathered = allreduce.allreduce_gradients(self._reducer, sparse, self._pack_bytes)
-        return {p: gathered[owner_of[p]][p] for p, g in enumerate(sparse[0]) if g is not None}
 
     def apply(self, optimizer, pairs, global_step):
         """The owners' apply, then every other copy set to its owner's new value."""
@@ -156,6 +149,29 @@ class ShardedUpdate(ReplicatedUpdate):
         return self._copies.sync_op()
 
 
+def _check_same_gradients(gradients):
+    """Every tower has a gradient where tower 0 has one (replicated towers are alike)."""
+    for index, tower in enumerate(gradients):
+        if [g is None for g in tower] != [g is None for g in gradients[0]]:
+            raise ValueError(f"Tower {index} has gradients where tower 0 has none (or the "
+                             "reverse); replicated towers must be identical.")
+
+
+def _gather_sparse_on_owners(gradients, owner_of, devices):
+    """{position: IndexedSlices of every tower's rows, in tower order, on its owner}."""
+    gathered = {}
+    for position, first in enumerate(gradients[0]):
+        if not isinstance(first, tf.IndexedSlices):
+            continue
+        towers = [tower[position] for tower in gradients]
+        with tf.device(devices[owner_of[position]]):
+            gathered[position] = tf.IndexedSlices(
+                values=tf.concat([g.values for g in towers], axis=0),
+                indices=tf.concat([g.indices for g in towers], axis=0),
+                dense_shape=first.dense_shape)
+    return gathered
+
+
 def _reduce_to_owners(gradients, owner_of, devices, pack_bytes, wire_dtype):
     """{position: the sum over towers of dense gradient `position`, on its owner}.
 
@@ -176,7 +192,10 @@ def _reduce_to_owners(gradients, owner_of, devices, pack_bytes, wire_dtype):
     for owner, device in enumerate(devices):
         # The last gradients first, as backprop computes them (Replicated's order).
         mine = [p for p in reversed(dense) if owner_of[p] == owner]
-        for group in allreduce.pack_groups([gradients[0][p] for p in mine], pack_bytes):
+        # Buffers sized as they cross: in the wire dtype (as Replicated() sizes them).
+        sent_as = [tf.TensorSpec(gradients[0][p].shape, wire_dtype or gradients[0][p].dtype)
+                   for p in mine]
+        for group in allreduce.pack_groups(sent_as, pack_bytes):
             positions = [mine[i] for i in group]
             sent = [_buffer([gradients[t][p] for p in positions], devices[t], wire_dtype)
                     for t in range(len(devices))]
