@@ -27,7 +27,7 @@ from typing import List
 
 import tensorflow as tf
 
-__all__ = ["allreduce_gradients", "pack_groups"]
+__all__ = ["allreduce_gradients", "check_same_gradients", "pack_groups"]
 
 
 def pack_groups(tensors, pack_bytes: int) -> List[List[int]]:
@@ -94,6 +94,15 @@ def _gather_sparse(reducer, slices, tower_index, name):
         dense_shape=slices.dense_shape)
 
 
+def check_same_gradients(tower_gradients):
+    """Every tower has a gradient where tower 0 has one (replicated towers are alike)."""
+    first = tower_gradients[0]
+    for index, gradients in enumerate(tower_gradients):
+        if [g is None for g in gradients] != [g is None for g in first]:
+            raise ValueError(f"Tower {index} has gradients where tower 0 has none "
+                             "(or the reverse); replicated towers must be identical.")
+
+
 def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None, riders=None):
     """Each tower's gradients replaced by their sum over the towers.
 
@@ -119,10 +128,7 @@ def allreduce_gradients(reducer, tower_gradients, pack_bytes, wire_dtype=None, r
       `riders`, a pair: that, and per tower the riders' sums in their order.
     """
     first = tower_gradients[0]
-    for index, gradients in enumerate(tower_gradients):
-        if [g is None for g in gradients] != [g is None for g in first]:
-            raise ValueError(f"Tower {index} has gradients where tower 0 has none "
-                             "(or the reverse); replicated towers must be identical.")
+    check_same_gradients(tower_gradients)
     dense_positions = [i for i, g in enumerate(first)
                        if g is not None and not isinstance(g, tf.IndexedSlices)]
     sparse_positions = [i for i, g in enumerate(first) if isinstance(g, tf.IndexedSlices)]

@@ -95,7 +95,7 @@ class ShardedUpdate(ReplicatedUpdate):
         gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
         sums = dict(enumerate(gradients[0]))  # one tower: its own gradients
         if self._reducer is not None:
-            _check_same_gradients(gradients)
+            allreduce.check_same_gradients(gradients)
             with tf.name_scope("reduce_to_owners"):
                 sums = _reduce_to_owners(gradients, owner_of, self._reducer.devices,
                                          self._pack_bytes, self._wire_dtype)
@@ -147,14 +147,6 @@ class ShardedUpdate(ReplicatedUpdate):
     def sync_op(self):
         """Copies tower 0's weights into every other tower's copies (after a restore)."""
         return self._copies.sync_op()
-
-
-def _check_same_gradients(gradients):
-    """Every tower has a gradient where tower 0 has one (replicated towers are alike)."""
-    for index, tower in enumerate(gradients):
-        if [g is None for g in tower] != [g is None for g in gradients[0]]:
-            raise ValueError(f"Tower {index} has gradients where tower 0 has none (or the "
-                             "reverse); replicated towers must be identical.")
 
 
 def _gather_sparse_on_owners(gradients, owner_of, devices):
