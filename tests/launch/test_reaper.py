@@ -162,3 +162,32 @@ def test_stop_children_continues_a_stopped_task(tmp_path):
         assert child.status() == 143   # its own clean exit: 128 + SIGTERM
     finally:
         children_lib.stop_children([child], grace_secs=1.0)
+
+
+def test_a_child_another_launcher_is_starting_is_never_taken_for_an_orphan(monkeypatch):
+    """Two launchers in one process (hosts simulated by threads): a scan for orphans
+    that runs while one launcher's child is forked but not yet recorded must not see it
+    (it would be SIGKILLed as an orphan)."""
+    real_popen = subprocess.Popen
+    seen_mid_start = []
+
+    def popen_then_scan(*args, **kwargs):
+        process = real_popen(*args, **kwargs)
+        scan = threading.Thread(target=lambda: seen_mid_start.extend(
+            pid for pid, _ in reaper._orphans(known=set(), since=0)))
+        scan.start()
+        scan.join(0.5)   # the other launcher's scan, between the fork and the record
+        popen_then_scan.scans.append(scan)
+        return process
+
+    popen_then_scan.scans = []
+    monkeypatch.setattr(children_lib.subprocess, "Popen", popen_then_scan)
+    child = children_lib.start_child(Task("worker", 0), ["sleep", "30"], dict(os.environ),
+                                     Output(io.BytesIO(), io.BytesIO()))
+    try:
+        for scan in popen_then_scan.scans:
+            scan.join(10.0)
+            assert not scan.is_alive()
+        assert child.pid not in seen_mid_start
+    finally:
+        children_lib.stop_children([child], grace_secs=1.0)

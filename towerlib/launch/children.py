@@ -72,10 +72,10 @@ def start_child(task, command, env, output):
     Raises:
       OSError: the command cannot be run (not found, not executable).
     """
-    process = subprocess.Popen(
-        command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_launcher)
-    reaper.started_here(process.pid)
+    with reaper.spawning() as record:
+        process = record(subprocess.Popen(
+            command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_launcher))
     readers = [output.follow(task, process.stdout),
                output.follow(task, process.stderr, to_stderr=True)]
     return Child(task, process, readers, time.monotonic())

@@ -34,14 +34,16 @@ reused pid can be taken for a task's only if the launcher dies between a
 task's end (its session empty) and its attempt's end: a window of seconds.
 """
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
-__all__ = ["Watchdog", "become_subreaper", "end_orphans", "kill_session", "started_here",
+__all__ = ["Watchdog", "become_subreaper", "end_orphans", "kill_session", "spawning",
            "orphan_sessions", "session_members"]
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
@@ -142,13 +144,26 @@ def now_ticks():
 
 # Every process a launcher of this process started (tasks, watchdogs). Being a subreaper
 # is a property of the whole process, so several launchers in one process (hosts
-# simulated by threads) must not take each other's tasks for orphans.
+# simulated by threads) must not take each other's tasks for orphans. A child exists from
+# its fork, before Popen returns its pid: the lock makes "started and recorded" one step
+# for any scan for orphans, which holds it too.
 _STARTED_HERE = set()
+_SPAWN_LOCK = threading.Lock()
 
 
-def started_here(pid):
-    """Records `pid` as started by a launcher of this process (never an orphan)."""
-    _STARTED_HERE.add(pid)
+@contextlib.contextmanager
+def spawning():
+    """Starts a child as a launcher's own (never an orphan):
+
+        with reaper.spawning() as record:
+            process = record(subprocess.Popen(...))
+    """
+    def record(process):
+        _STARTED_HERE.add(process.pid)
+        return process
+
+    with _SPAWN_LOCK:
+        yield record
 
 
 def _orphans(known, since):
@@ -157,12 +172,14 @@ def _orphans(known, since):
     than this process's."""
     me, own_session = os.getpid(), os.getsid(0)
     found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in known and int(name) not in _STARTED_HERE:
-            fields = _stat_fields(name)
-            if fields and len(fields) > 19 and int(fields[1]) == me and \
-                    int(fields[3]) != own_session and int(fields[19]) >= since:
-                found.append((int(name), fields[0]))
+    with _SPAWN_LOCK:
+        ours = set(known) | _STARTED_HERE
+        names = [name for name in os.listdir("/proc") if name.isdigit() and int(name) not in ours]
+    for name in names:
+        fields = _stat_fields(name)
+        if fields and len(fields) > 19 and int(fields[1]) == me and \
+                int(fields[3]) != own_session and int(fields[19]) >= since:
+            found.append((int(name), fields[0]))
     return found
 
 
@@ -238,11 +255,11 @@ class Watchdog:
             self._start()
 
     def _start(self):
-        self._process = subprocess.Popen(
-            [sys.executable, "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True)   # the terminal's Ctrl-C is the launcher's
-        started_here(self._process.pid)
+        with spawning() as record:
+            self._process = record(subprocess.Popen(
+                [sys.executable, "-S", "-c", _WATCHDOG], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True))   # the terminal's Ctrl-C is the launcher's
         for session in sorted(self._open):
             self._send(f"+{session}")
 
