@@ -2,6 +2,8 @@
 --private_network keeps a one-host job in a network namespace with loopback only."""
 
 import errno
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,7 +43,7 @@ def test_a_system_without_namespaces_is_said_in_one_line(monkeypatch, capsys):
     line = capsys.readouterr().err
     assert line.count("\n") == 1 and line.startswith(
         "towerlib-launch: error: --private_network: this system does not let the launcher "
-        "make a network namespace (Operation not permitted;")
+        "make a network namespace (Operation not permitted with")
     assert "Fix: run without it" in line
 
 
@@ -58,6 +60,23 @@ def test_the_private_network_has_loopback_only_and_it_works(user_namespace):
                                timeout=60)
     if "does not let the launcher" in completed.stderr:
         pytest.skip(completed.stderr.strip().splitlines()[-1])
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "['lo']"
+
+
+@pytest.mark.slow   # a fresh Python without CAP_SYS_ADMIN
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and util-linux's setpriv to drop CAP_SYS_ADMIN")
+def test_root_without_cap_sys_admin_gets_its_private_network_in_a_user_namespace():
+    """A container's root: unshare(CLONE_NEWNET) alone is refused without CAP_SYS_ADMIN,
+    but a new user namespace grants it there; the launcher's own choice tries both."""
+    code = ("from towerlib.launch import network\n"
+            "network.enter_private_network()\n"
+            "print(network.interface_names())\n")
+    completed = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", sys.executable, "-c", code],
+                               capture_output=True, text=True, timeout=60)
+    if "with a user namespace" in completed.stderr:
+        pytest.skip(completed.stderr.strip().splitlines()[-1])   # none allowed here at all
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "['lo']"
 

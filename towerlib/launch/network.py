@@ -8,7 +8,9 @@ into a new network namespace that has only loopback (Linux: unshare with
 CLONE_NEWNET, inside a new user namespace when not root); the tasks it starts
 inherit it, so they reach each other on 127.0.0.1 and nothing outside reaches
 them. The cost: no outside network for the tasks (no downloads, no remote
-file systems, no other machine).
+file systems, no other machine), and not this host's own services either: the
+namespace's 127.0.0.1 is its own, so a database or a server listening on the
+host's loopback is not there.
 """
 
 import ctypes
@@ -70,6 +72,17 @@ def _map_own_ids(uid, gid):
             os.close(handle)
 
 
+def _unshare_network(user_namespace):
+    """The unshare itself (enter_private_network); raises OSError, changing nothing."""
+    if threading.active_count() > 1:
+        raise OSError(errno.EINVAL, "the launcher already runs threads")
+    uid, gid = os.geteuid(), os.getegid()
+    _unshare(_CLONE_NEWNET | (_CLONE_NEWUSER if user_namespace else 0))
+    if user_namespace:
+        _map_own_ids(uid, gid)
+    _loopback_up()
+
+
 def _loopback_up():
     """Brings up 'lo', which a new network namespace starts with, down."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -82,30 +95,32 @@ def enter_private_network(user_namespace=None):
     """Moves this process into a new network namespace with loopback only (module text).
 
     Call it before any thread or task starts (a user namespace needs a process
-    of one thread). user_namespace: None chooses (a new user namespace unless
-    root); True forces one.
+    of one thread). user_namespace: None chooses (root first tries without a user
+    namespace, then, refused (no CAP_SYS_ADMIN: a container's root), with one;
+    anyone else uses one); True forces one, False forbids it.
 
     Raises:
       PrivateNetworkError: one line naming why not (no Linux namespaces, user
         namespaces disabled, a sandbox that forbids them) and the fix.
     """
-    if user_namespace is None:
-        user_namespace = os.geteuid() != 0
-    try:
-        if threading.active_count() > 1:
-            raise OSError(errno.EINVAL, "the launcher already runs threads")
-        uid, gid = os.geteuid(), os.getegid()
-        _unshare(_CLONE_NEWNET | (_CLONE_NEWUSER if user_namespace else 0))
-        if user_namespace:
-            _map_own_ids(uid, gid)
-        _loopback_up()
-    except (OSError, AttributeError) as error:   # AttributeError: no unshare in libc
-        reason = getattr(error, "strerror", None) or str(error)
+    tries = [user_namespace] if user_namespace is not None else \
+        [False, True] if os.geteuid() == 0 else [True]
+    reasons = []
+    for with_user_namespace in tries:
+        try:
+            _unshare_network(with_user_namespace)
+            break
+        except (OSError, AttributeError) as error:   # AttributeError: no unshare in libc
+            reason = getattr(error, "strerror", None) or str(error)
+            reasons.append(f"{reason} {'with' if with_user_namespace else 'without'} "
+                           "a user namespace")
+    else:
         raise PrivateNetworkError(
-            f"--private_network: this system does not let the launcher make "
-            f"a network namespace ({reason}; unprivileged user namespaces may be off: "
-            "sysctl kernel.unprivileged_userns_clone or user.max_user_namespaces). Fix: "
-            f"run without it, behind a firewall ({_SECURITY})") from None
+            f"--private_network: this system does not let the launcher make a network "
+            f"namespace ({'; '.join(reasons)}: user namespaces may be off (sysctl "
+            "kernel.unprivileged_userns_clone, user.max_user_namespaces) or forbidden by a "
+            "container's seccomp profile). Fix: run without it, behind a firewall "
+            f"({_SECURITY})") from None
     if interface_names() != ["lo"]:
         raise PrivateNetworkError(
             f"--private_network: the new network namespace has interfaces "
