@@ -33,6 +33,8 @@ SCRIPT = os.path.join(ROOT, "tests", "cluster", "own_script.py")
     (ConnectionRefusedError("my database is down"), 1),
     (ValueError("--num_towers=0: give 1 or more"), 2),
     (TypeError("task index must be an int"), 2),
+    # One from the user's own code too: the type cannot tell who raised it (docs' table).
+    (TypeError("unsupported operand type(s) for +: 'int' and 'str'"), 2),
     (cluster_lib.AddressError("127.0.0.1:2222 is in use"), 2),
     (KeyboardInterrupt(), 130),
     (stopping.StopSignalReceived(signal.SIGTERM), 143),

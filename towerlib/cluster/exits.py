@@ -3,7 +3,8 @@
     status  meaning                                   a scheduler should
     0       training ended
     2       a user's mistake (a wrong flag, option,   not restart: it fails the same way
-            address or environment)
+            address or environment); any ValueError
+            or TypeError, the user's own code's too
     138     a peer, a ps task or a deadline was lost  restart every task; they resume from
             (RETRYABLE)                               the newest checkpoint
     128+s   stopped by signal s (130 SIGINT,          what it does for a stop it sent
@@ -17,8 +18,11 @@ error (`restartPolicy: ExitCode` restarts 130, 137, 138 and 143 and treats 1, 2,
 Only towerlib's own errors for a lost peer and for a wait on another task that
 passed its bound (WorkerLostError, ReplicaLostError, PsUnavailableError,
 PeerTimeoutError) are 138: a user's own TimeoutError or socket.timeout keeps
-its meaning. Anything else (a bug, an out-of-memory error, a user's timeout)
-keeps Python's status 1 and its traceback.
+its meaning. A ValueError or TypeError is 2 wherever it was raised: towerlib
+raises them for a wrong option, and one from the user's own code cannot be told
+apart by type; either fails the same way on a rerun. Anything else (another
+bug, an out-of-memory error, a user's timeout) keeps Python's status 1 and its
+traceback.
 
 This module imports no TensorFlow until a task fails (towerlib-launch reads its
 statuses and must start its first task at once).
