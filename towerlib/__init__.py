@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     # Running: the loop, its hooks, checkpoints, faults.
     from towerlib.run import hooks
     from towerlib.run.checkpoints import CheckpointError, find_restorable_checkpoint
+    from towerlib.run.run_entries import DiskFullError
     from towerlib.run.data_position import DataPositionError, saved_position_iterator
     from towerlib.run.determinism import seed_everything
     from towerlib.data.order import global_batch_examples
@@ -104,7 +105,8 @@ __all__ = [
     "cluster", "exchange", "hooks", "layers", "loss_scaling", "mixed_precision", "optimizers",
     "schedules",
     # Faults: checkpoints, NaN guard, validation, data checks, determinism.
-    "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "ForeignBatchNormError",
+    "CheckpointError", "ConfigError", "ConfigProblem", "DataError", "DiskFullError",
+    "ForeignBatchNormError",
     "KerasBatchNormError", "KerasTowerError",
     "NonFiniteError", "assert_finite", "assert_labels_in_range",
     "check_moving_statistics", "check_record_files", "find_restorable_checkpoint",

@@ -39,6 +39,8 @@ def restorable_checkpoint(train_dir: str) -> Optional[str]:
 
 
 def _is_disk_full(error: BaseException) -> bool:
+    if isinstance(error, towerlib.DiskFullError):   # towerlib's save said it
+        return True
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     if isinstance(error, tf.errors.ResourceExhaustedError):
@@ -76,6 +78,8 @@ def one_line_errors(train_dir: str):
             "or with --overwrite_train_dir."
             % (e.step, "; ".join(e.problems), where)
         ) from None
+    except towerlib.DiskFullError as e:
+        raise _disk_full(train_dir, e) from None
     except (towerlib.CheckpointError, sessions.SessionRecreationError) as e:
         # Another trainer holds the folder; a checkpoint that does not fit; a session
         # that failed again and again: towerlib's first line names the fix.
@@ -83,9 +87,12 @@ def one_line_errors(train_dir: str):
     except (OSError, tf.errors.ResourceExhaustedError) as e:
         if not _is_disk_full(e):
             raise
-        raise RunError(
-            "No space left on the device of --train_dir=%r (%s); %s. Fix: free space "
-            "there (or use another --train_dir) and rerun the same command."
-            % (train_dir, _one_line(getattr(e, "message", None) or e)[:200],
-               _last_checkpoint_text(train_dir))
-        ) from None
+        raise _disk_full(train_dir, e) from None
+
+
+def _disk_full(train_dir: str, error: BaseException) -> RunError:
+    return RunError(
+        "No space left on the device of --train_dir=%r (%s); %s. Fix: free space "
+        "there (or use another --train_dir) and rerun the same command."
+        % (train_dir, _one_line(getattr(error, "message", None) or error)[:200],
+           _last_checkpoint_text(train_dir)))

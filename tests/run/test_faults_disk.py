@@ -45,8 +45,13 @@ def test_a_save_that_runs_out_of_disk_leaves_no_partial_files(saved_model, tmp_p
         raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
 
     monkeypatch.setattr(writer.saver, "save", save_until_the_disk_is_full)
-    with pytest.raises(tf.errors.ResourceExhaustedError):
+    with pytest.raises(checkpoints.CheckpointError) as raised:
         writer.save(session, 4)
+    line = str(raised.value)
+    assert "\n" not in line and line.startswith(
+        f"Saving the checkpoint of step 4 in {tmp_path} failed: no space left on device. "
+        "Fix: free space on that disk")
+    assert line.endswith(f"it resumes from {tmp_path / 'model.ckpt-3'}, which is intact.")
     assert not os.path.exists(tmp_path / checkpoints.SAVING_DIRNAME)
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["checkpoint", "model.ckpt-3.data-00000-of-00001", "model.ckpt-3.index",

@@ -96,20 +96,34 @@ def check_train_dir(check, train_dir, probe_writes):
     if not probe_writes:
         return
     # Permission bits do not tell (root, read-only mounts, full disks): try.
+    # The probe's name is new and towerlib's: it goes however the write ends (a full
+    # disk creates the file, then fails to write it).
     probe = os.path.join(existing, f".towerlib-write-test-{uuid.uuid4().hex}")
     try:
         if existing != os.path.abspath(train_dir):
             os.mkdir(probe)
-            os.rmdir(probe)
         else:
-            with open(probe, "w", encoding="utf-8") as handle:
+            with open(probe, "x", encoding="utf-8") as handle:
                 handle.write("ok")
-            os.remove(probe)
+                handle.flush()
+                os.fsync(handle.fileno())
     except OSError as error:
         what = ("is not writable" if existing == os.path.abspath(train_dir)
                 else f"cannot be created: {existing} is not writable")
         check.add("train_dir", f"{train_dir} {what} ({error.strerror}).",
                   "choose a writable location, or fix its permissions or free space.")
+    finally:
+        _remove_probe(probe)
+
+
+def _remove_probe(probe):
+    try:
+        if os.path.isdir(probe) and not os.path.islink(probe):
+            os.rmdir(probe)
+        elif os.path.lexists(probe):
+            os.remove(probe)
+    except OSError:
+        pass   # it could not be created, or the folder is read-only
 
 
 def check_training_loop(check, max_steps, save_checkpoint_steps, save_checkpoint_secs,

@@ -271,6 +271,23 @@ def prepare_restore(train_dir, read_values=True):
 # --- writing ---
 
 
+def _remove_staged_files(train_dir):
+    """Removes what a failed save staged in train_dir/.saving (and the folder, if that
+    leaves it empty); nothing of anyone else's."""
+    staging = os.path.join(train_dir, SAVING_DIRNAME)
+    if not tf.io.gfile.exists(staging) or os.path.islink(staging):
+        return
+    for name in tf.io.gfile.listdir(staging):
+        path = os.path.join(staging, name.rstrip("/"))
+        if staged_name(name.rstrip("/")) and not os.path.islink(path):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                durable_files.remove_file(path)
+    if not tf.io.gfile.listdir(staging):
+        tf.io.gfile.rmtree(staging)
+
+
 class CheckpointWriter:
     """Saves checkpoints so that a kill at any moment leaves the last one intact.
 
@@ -321,19 +338,17 @@ class CheckpointWriter:
         logger.info("Saving checkpoint for step %d to %s.", step, final)
         try:
             staged = self._stage(session, step)
-        except BaseException:
+        except BaseException as error:
             # A full disk, say: the partial files go now, not at the next start.
-            staging = os.path.join(self.train_dir, SAVING_DIRNAME)
-            if tf.io.gfile.exists(staging) and not os.path.islink(staging):
-                for name in tf.io.gfile.listdir(staging):  # only what the save wrote
-                    path = os.path.join(staging, name.rstrip("/"))
-                    if staged_name(name.rstrip("/")) and not os.path.islink(path):
-                        if tf.io.gfile.isdir(path):
-                            tf.io.gfile.rmtree(path)
-                        else:
-                            durable_files.remove_file(path)
-                if not tf.io.gfile.listdir(staging):
-                    tf.io.gfile.rmtree(staging)   # empty: nothing of anyone's in it
+            _remove_staged_files(self.train_dir)
+            reason = run_entries.disk_full_reason(error)
+            if reason:
+                raise run_entries.DiskFullError(
+                    f"Saving the checkpoint of step {int(step)} in {self.train_dir} failed: "
+                    f"{reason}. Fix: free space on that disk (or give a "
+                    f"train_dir on another), then rerun: "
+                    + (f"it resumes from {self.latest}, which is intact." if self.latest
+                       else "no checkpoint was written yet, so it starts over.")) from None
             raise
         kept = [p for p in self.kept if p != final] + [final]
         self._journal(staged, final, kept[:-self.max_to_keep])

@@ -22,18 +22,37 @@ entry, what it is and the fix. Remote folders (gs://, s3://) have no links,
 FIFOs or inodes and are not checked.
 """
 
+import errno
 import os
 import stat
 
 import tensorflow as tf
 
-__all__ = ["CheckpointError", "ControlEntryError", "LinkedEntryError", "check_file",
-           "check_folder", "claim_folder", "is_regular_file", "linked_error",
-           "open_regular", "ours"]
+__all__ = ["CheckpointError", "ControlEntryError", "DiskFullError", "LinkedEntryError",
+           "check_file", "check_folder", "claim_folder", "disk_full_reason", "is_regular_file",
+           "linked_error", "open_regular", "ours"]
 
 
 class CheckpointError(RuntimeError):
     """No checkpoint in train_dir can be restored, though some were written."""
+
+
+class DiskFullError(CheckpointError):
+    """A save ran out of space; the checkpoints saved before it are intact."""
+
+
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def disk_full_reason(error):
+    """'no space left on device' or 'disk quota exceeded' when `error` (an OSError, or
+    TensorFlow's error for a failed write) says so; else None."""
+    if isinstance(error, OSError):
+        return _FULL.get(error.errno)
+    if isinstance(error, tf.errors.OpError):
+        text = str(error).lower()
+        return next((reason for reason in _FULL.values() if reason in text), None)
+    return None
 
 
 class ControlEntryError(CheckpointError):
