@@ -122,6 +122,13 @@ def balanced_order(modules, workers):
     return ordered
 
 
+# Modules whose tests start a local Ray cluster (marker one_ray_cluster) are one unit of
+# the schedule: one worker runs them one after the other. Two clusters at once starve each
+# other on 2 cores, and a test waiting for the other's cluster (tests/cluster/ray_serial.py,
+# kept as the guard) would hold its worker idle.
+RAY_UNIT = "one_ray_cluster"
+
+
 def pytest_collection_modifyitems(config, items):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers < 2 or len(items) < workers:
@@ -130,6 +137,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         by_module.setdefault(item.nodeid.split("::")[0], []).append(item)
     module_secs = durations.read_module_secs()
-    modules = [(_module_secs(path, module_items, module_secs), module_items)
-               for path, module_items in by_module.items()]
-    items[:] = balanced_order(modules, workers)
+    units = {}
+    for path, module_items in by_module.items():
+        key = RAY_UNIT if any(item.get_closest_marker(RAY_UNIT) for item in module_items) \
+            else path
+        secs, unit_items = units.get(key, (0.0, []))
+        units[key] = (secs + _module_secs(path, module_items, module_secs),
+                      unit_items + module_items)
+    items[:] = balanced_order(list(units.values()), workers)

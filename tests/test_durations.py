@@ -54,11 +54,11 @@ def test_the_recorder_sums_setup_call_and_teardown_per_module(tmp_path):
 
 
 class _Item:
-    def __init__(self, nodeid, slow=False):
-        self.nodeid, self._slow = nodeid, slow
+    def __init__(self, nodeid, slow=False, ray=False):
+        self.nodeid, self._markers = nodeid, {"slow": slow, conftest.RAY_UNIT: ray}
 
     def get_closest_marker(self, name):
-        return self._slow if name == "slow" else None
+        return self._markers.get(name) or None
 
 
 def test_the_schedule_puts_the_longest_module_of_the_file_first(tmp_path, monkeypatch):
@@ -78,6 +78,25 @@ def test_the_schedule_puts_the_longest_module_of_the_file_first(tmp_path, monkey
     ordered = list(items)
     conftest.pytest_collection_modifyitems(None, ordered)
     assert first_modules(ordered) == ["tests/b.py", "tests/a.py"]
+
+
+def test_modules_with_a_ray_cluster_run_one_after_the_other_on_one_worker(tmp_path,
+                                                                          monkeypatch):
+    """The two longest modules would start on the two workers at once; both hold a Ray
+    cluster, so they form one unit on one worker's slice, one after the other."""
+    path = tmp_path / "durations.json"
+    monkeypatch.setattr(durations, "DEFAULT_FILE", str(path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    items = [_Item(f"tests/{m}.py::t{i}", ray=m in ("r1", "r2"))
+             for m in ("a", "r1", "b", "r2", "c") for i in range(2)]
+    durations.write_module_secs(str(path), {"tests/r1.py": 400.0, "tests/r2.py": 300.0,
+                                            "tests/a.py": 350.0, "tests/b.py": 200.0,
+                                            "tests/c.py": 100.0})
+    ordered = list(items)
+    conftest.pytest_collection_modifyitems(None, ordered)
+    modules = [item.nodeid.split("::")[0] for item in ordered]
+    assert modules[:4] == ["tests/r1.py"] * 2 + ["tests/r2.py"] * 2
+    assert not {"tests/r1.py", "tests/r2.py"} & set(modules[4:])
 
 
 @pytest.mark.slow

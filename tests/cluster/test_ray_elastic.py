@@ -45,7 +45,7 @@ from tests.cluster import ray_elastic_job, ray_serial
 from tests.cluster.progress_deadline import ProgressDeadline
 from tests.cluster.test_ray_train import descendants, still_alive
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.one_ray_cluster,
               pytest.mark.filterwarnings("ignore::DeprecationWarning:ray\\.")]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -49,6 +49,7 @@ def test_the_docs_ray_snippet_is_the_example_file_s_text():
 
 
 @pytest.mark.slow  # a Ray cluster and two Ray Train workers
+@pytest.mark.one_ray_cluster
 def test_the_ray_train_example_runs_on_loopback(tmp_path):
     pytest.importorskip(
         "ray", reason="ray cannot be imported: pip install -e '.[test]' brings ray[train]")
