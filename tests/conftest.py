@@ -10,10 +10,11 @@ for tests only, next to tests/helpers.py, and load only when tests are collected
 import gc
 import importlib.util
 import os
+import uuid
 
 import pytest
 
-from tests import durations
+from tests import durations, machine_share
 from tests.distributed_processes import ProcessGroup
 from tests.fault_scripts.runner import ProcessPool
 
@@ -43,6 +44,30 @@ def pytest_configure(config):
     path = os.environ.get(durations.RECORD_ENV)
     if path and not hasattr(config, "workerinput"):
         config.pluginmanager.register(durations.DurationRecorder(path), "towerlib-durations")
+    # The run's id, which xdist hands its workers (PYTEST_XDIST_TESTRUNUID), chosen here so
+    # that the controller knows the machine_share files to remove at the end.
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", 0) is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session):
+    """The controlling process removes the run's machine_share lock files."""
+    run_id = getattr(session.config.option, "testrunuid", None)
+    if run_id and not hasattr(session.config, "workerinput"):
+        machine_share.remove_files(run_id)
+
+
+@pytest.fixture(autouse=True)
+def machine_share_of_the_test(request):
+    """Under xdist: a test marked one_ray_cluster has the machine to itself, the others
+    share it (tests/machine_share.py). Without xdist, nothing."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run_id or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    exclusive = request.node.get_closest_marker(RAY_UNIT) is not None
+    with machine_share.machine(exclusive, run_id):
+        yield
 
 
 @pytest.fixture
