@@ -94,6 +94,7 @@ def main():
     parser.add_argument("--accumulation_steps", type=int, default=1)
     parser.add_argument("--model", choices=["towerlib", "keras"], default="towerlib")
     parser.add_argument("--clip_norm", type=float, default=0.0)
+    parser.add_argument("--shard_update", action="store_true")
     parser.add_argument("--batch_sizes", choices=["static", "dynamic"], default="static")
     parser.add_argument("--init", required=True)
     parser.add_argument("--out", required=True)
@@ -136,7 +137,8 @@ def run(args):
 
         clip = getattr(args, "clip_norm", 0.0)
         options = dict(bn_mode=args.bn_mode, accumulation_steps=k, summaries=False,
-                       update=towerlib.Replicated(pack_bytes=64),
+                       update=towerlib.Replicated(
+                           pack_bytes=64, shard_update=getattr(args, "shard_update", False)),
                        clipping=towerlib.ClipByGlobalNorm(clip) if clip else None)
         tower = keras_tower() if getattr(args, "model", "towerlib") == "keras" else model
         if args.role == "worker":

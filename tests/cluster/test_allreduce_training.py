@@ -63,10 +63,14 @@ CASES = [
     # Batch sizes known only when the step runs: the examples are counted every step
     # (static ones are counted once, at start).
     (2, 2, "sync", "momentum", 1, "dynamic"),
+    # Replicated(shard_update=True): each worker's slots sharded over its 2 towers.
+    (2, 2, "sync", "adam", 1, "sharded"),
+    (2, 2, "all_towers", "momentum", 2, "sharded"),
 ]
 # The weights each model names, and the first one's prefix (its slots are under it).
 WEIGHTS = {"towerlib": ({"w1", "w2"}, "w1/"), "keras": ({"w1/kernel", "w2/kernel"}, "w1/kernel/"),
-           "clip": ({"w1", "w2"}, "w1/"), "dynamic": ({"w1", "w2"}, "w1/")}
+           "clip": ({"w1", "w2"}, "w1/"), "dynamic": ({"w1", "w2"}, "w1/"),
+           "sharded": ({"w1", "w2"}, "w1/")}
 CLIP_NORM = 0.1  # below the job's gradient norms (about 0.3-0.6)
 
 
@@ -76,6 +80,8 @@ def model_flags(model):
         return "towerlib", CLIP_NORM, "static"
     if model == "dynamic":
         return "towerlib", 0.0, "dynamic"
+    if model == "sharded":
+        return "towerlib", 0.0, "static"
     return model, 0.0, "static"
 
 
@@ -86,6 +92,8 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
     common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", f"--model={job_model}",
               f"--clip_norm={clip_norm}", f"--batch_sizes={batch_sizes}",
               f"--accumulation_steps={steps}", f"--init={tmp_path / 'init.npz'}"]
+    if model == "sharded":
+        common.append("--shard_update")
     ports = ",".join(str(p) for p in free_ports(workers))
     for task in range(workers):
         processes.start(f"worker{task}", common + [
@@ -164,7 +172,7 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
             allreduce_job.run(argparse.Namespace(
                 role=role, task=0, workers=1, towers=count, ports="", bn_mode=bn_mode,
                 optimizer=optimizer, accumulation_steps=steps, model=job_model,
-                clip_norm=clip_norm, batch_sizes=batch_sizes,
+                clip_norm=clip_norm, batch_sizes=batch_sizes, shard_update=model == "sharded",
                 init=str(tmp_path / "init.npz"), out=str(tmp_path / f"{role}.npz")))
     for name in [f"worker{t}" for t in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
@@ -189,6 +197,10 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
     slots = [n for n in chief.files
              if n.startswith(first) and n.count("/") == first.count("/")]
     assert len(slots) == {"sgd": 0, "momentum": 1, "adam": 2}[optimizer], slots
+    if model == "sharded":   # each slot once per worker, by its plain name
+        for task in range(workers):
+            assert not [n for n in np.load(tmp_path / f"w{task}.npz").files
+                        if n.startswith("replicated/") and "/Adam" in n]
     assert int(chief["global_step"]) == 5
     if clip_norm:  # clipping was active: every step's global norm above the threshold
         assert min(chief["norms"]) > clip_norm, chief["norms"]

@@ -186,13 +186,26 @@ def test_each_tower_holds_a_1_over_n_share_of_the_slots(num_towers):
     assert sum(h["slots"] for h in got.values()) == whole
 
 
-def test_across_workers_it_is_refused_in_one_line():
-    with tf.Graph().as_default(), pytest.raises(ValueError, match="across workers it is not"):
+def test_across_workers_each_slot_is_held_once_by_an_owner_among_the_workers_towers():
+    """Built as worker 0 of 2 (the graph only): each weight's Adam slots exist once, by
+    their plain names, on the device of its owner among this worker's 2 towers."""
+    with tf.Graph().as_default():
         images, labels = helpers.image_batch(8)
         towerlib.build_train_graph(
             helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
             tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
             update=SHARDED, workers=towerlib.WorkerGroup(2, 0))
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+    weights = [name for name in variables if not name.startswith("replicated/")
+               and "/Adam" not in name and name != "global_step" and "beta" not in name]
+    assert weights, sorted(variables)
+    devices = set()
+    for name in weights:
+        slots = [n for n in variables if n.endswith(f"{name}/Adam") or
+                 n.endswith(f"{name}/Adam_1")]
+        assert sorted(slots) == [f"{name}/Adam", f"{name}/Adam_1"], (name, slots)
+        devices.add(variables[f"{name}/Adam"].device)
+    assert len(devices) == 2   # both towers own some weights
 
 
 TRUST_RATIO = {

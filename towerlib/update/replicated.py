@@ -49,7 +49,8 @@ class Replicated(UpdateChoice):
       pack_bytes: all-reduce buffer size for dense gradients, >= 0 (0: none).
       wire_dtype: None or 'float32' (as computed), 'bfloat16' or 'float16'.
       shard_update: each weight's optimizer update (and its slots) on one owner
-        tower only, the result copied to the others (towerlib.update.sharded).
+        tower only, the result copied to the others (towerlib.update.sharded);
+        across workers, an owner among each worker's own towers.
     """
 
     pack_bytes: int = DEFAULT_PACK_BYTES
@@ -82,11 +83,6 @@ class Replicated(UpdateChoice):
         wire = None if self.wire_dtype is None else tf.as_dtype(self.wire_dtype)
         if not self.shard_update:
             return ReplicatedUpdate(num_towers, reducer, self.pack_bytes, wire)
-        if reducer is not None and reducer.group_size > num_towers:
-            raise ValueError(
-                "Replicated(shard_update=True) shards the update among one process's "
-                "towers; across workers it is not built yet. Fix: Replicated() across "
-                "workers, or shard_update=True on one machine.")
         from towerlib.update import sharded  # below: it extends ReplicatedUpdate
         return sharded.ShardedUpdate(num_towers, reducer, self.pack_bytes, wire)
 

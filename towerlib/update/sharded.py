@@ -31,6 +31,16 @@ Names. A slot carries the plain name it has without sharding ('w/Adam'), on its
 owner's device, and is saved: a sharded checkpoint restores into an unsharded
 run and back, onto any number of towers (the owners are recomputed; a slot is
 one variable by name, wherever it lives).
+
+Across workers the shards are each worker's own: the owners are among its N
+towers, the gradients cross between workers through the build's exchange as
+under Replicated() (every local tower can read every sum; only the owner does),
+and each worker applies every weight's update once, on its owner tower. So each
+of a worker's N devices holds 1/N of the slots, and every worker holds all of
+them once: its checkpoint is whole, and restores onto any topology as an
+unsharded one does. Sharding the slots over the workers too would leave each
+worker's checkpoint a part of the state, which an elastic restart onto another
+number of workers could not read back.
 """
 
 from typing import Dict
@@ -73,6 +83,8 @@ class ShardedUpdate(ReplicatedUpdate):
     def __init__(self, num_towers, reducer, pack_bytes, wire_dtype=None):
         super().__init__(num_towers, reducer, pack_bytes, wire_dtype)
         self.owners: Dict[str, int] = {}  # plain name -> owner tower, set by combine
+        # Across workers the exchange spans more members than this process's towers.
+        self._spans_workers = reducer is not None and reducer.group_size > num_towers
 
     def combine(self, tower_grads_and_vars, riders=None):
         """Each weight's gradients summed on its owner tower, and only there.
@@ -84,14 +96,13 @@ class ShardedUpdate(ReplicatedUpdate):
         Sparse gradients (IndexedSlices) go to their owner the same way, which
         concatenates the towers' rows in tower order, as Replicated() gathers them.
         """
-        if riders is not None:
-            raise ValueError("ShardedUpdate.combine: riders cross between workers, and "
-                             "the sharded update is built on one machine.")
         tower_0 = tower_grads_and_vars[0]
-        warn_missing_gradients(tower_0)
         self.owners = owners_by_bytes({v.op.name: _bytes_of(v) for _, v in tower_0},
                                       self._copies.num_towers)
         owner_of = [self.owners[v.op.name] for _, v in tower_0]
+        if self._spans_workers or riders is not None:
+            return self._owned_of_every_sum(tower_grads_and_vars, owner_of, riders)
+        warn_missing_gradients(tower_0)
         gradients = [[g for g, _ in pairs] for pairs in tower_grads_and_vars]
         sums = dict(enumerate(gradients[0]))  # one tower: its own gradients
         if self._reducer is not None:
@@ -111,6 +122,28 @@ class ShardedUpdate(ReplicatedUpdate):
             per_tower[owner].append((sums[position], copy))
             owned.append((sums[position], variable))
         return CombinedGradients(per_tower, owned=owned)
+
+    def _owned_of_every_sum(self, tower_grads_and_vars, owner_of, riders):
+        """Across workers: Replicated()'s exchange (every sum, and the riders, on every
+        local tower), of which each tower keeps the pairs it owns."""
+        combined = super().combine(tower_grads_and_vars, riders)
+        sums = {}   # position -> the owner's summed gradient
+        for tower, pairs in enumerate(combined.per_copy):
+            position_of = {id(variable): position for position, (_, variable)
+                           in enumerate(tower_grads_and_vars[tower])}
+            for gradient, variable in pairs:
+                position = position_of[id(variable)]
+                if owner_of[position] == tower:
+                    sums[position] = gradient
+        per_tower = [[] for _ in tower_grads_and_vars]
+        owned = []
+        for position, (_, variable) in enumerate(tower_grads_and_vars[0]):
+            if position in sums:
+                owner = owner_of[position]
+                per_tower[owner].append(
+                    (sums[position], tower_grads_and_vars[owner][position][1]))
+                owned.append((sums[position], variable))
+        return CombinedGradients(per_tower, riders=combined.riders, owned=owned)
 
     def apply(self, optimizer, pairs, global_step):
         """The owners' apply, then every other copy set to its owner's new value."""
