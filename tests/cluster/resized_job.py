@@ -98,11 +98,13 @@ def main():
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--float16", type=int, default=0)
     parser.add_argument("--evaluate", type=int, default=0)
+    parser.add_argument("--shard_update", type=int, default=0)
     parser.add_argument("--train_dir", required=True)
     parser.add_argument("--max_steps", type=int, required=True)
     args = parser.parse_args()
     tf.compat.v1.set_random_seed(3)
-    options = dict(bn_mode="sync", update=towerlib.Replicated(), summaries=False,
+    options = dict(bn_mode="sync", summaries=False,
+                   update=towerlib.Replicated(shard_update=bool(args.shard_update)),
                    accumulation_steps=args.accumulation_steps)
     if args.float16:
         options["precision"] = towerlib.Float16()

@@ -36,14 +36,14 @@ def processes(tmp_path):
 
 
 def train(processes, train_dir, max_steps, workers, towers, k=1, batch_norm=True,
-          kind="global", float16=False, evaluate=False, data_dir=None):
+          kind="global", float16=False, evaluate=False, data_dir=None, shard_update=False):
     """Trains (or resumes) train_dir to max_steps on workers x towers x k."""
     common = [f"--train_dir={train_dir}", f"--max_steps={max_steps}",
               *([f"--data_dir={data_dir}"] if data_dir else []),
               f"--towers={towers}", f"--accumulation_steps={k}",
               f"--batch_norm={int(batch_norm)}", f"--input={kind}",
               f"--workers={workers}", f"--float16={int(float16)}",
-              f"--evaluate={int(evaluate)}"]
+              f"--evaluate={int(evaluate)}", f"--shard_update={int(shard_update)}"]
     ports = ",".join(map(str, free_ports(workers))) if workers > 1 else ""
     names = []
     for task in range(workers):
@@ -113,6 +113,20 @@ def test_float16_and_evaluation_state_continue_on_another_topology(processes, tm
     gap = largest_gap(processes, tmp_path, (2, 2, 1), (1, 4, 1), float16=True,
                       evaluate=True)
     assert gap < 1e-5
+
+
+def test_a_sharded_run_resized_continues_the_unsharded_one(processes, tmp_path):
+    """Replicated(shard_update=True) on 2 x 2, then from its checkpoint on 1 x 3 (the
+    owners recomputed, one tower owning more), against Replicated() on 2 x 2 that never
+    stopped: the sharded checkpoint holds every slot by its plain name, and step 20
+    matches within 1e-5."""
+    whole, resized = tmp_path / "uninterrupted", tmp_path / "resized"
+    train(processes, whole, 2 * STEPS_EACH, 2, 2)
+    train(processes, resized, STEPS_EACH, 2, 2, shard_update=True)
+    assert sorted(saved_values(resized, STEPS_EACH)) == sorted(
+        saved_values(whole, STEPS_EACH))
+    train(processes, resized, 2 * STEPS_EACH, 1, 3, shard_update=True)
+    assert gap_at_20(whole, resized) < 1e-5
 
 
 def test_accumulation_may_replace_a_worker(processes, tmp_path):
