@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import logging
+import types
 
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -54,7 +55,7 @@ def test_traces_the_chosen_step_only(tmp_path, caplog):
         assert json.load(stream)["otherData"]["summary"] == profile.summary_line()
 
 
-def test_untraced_runs_ask_for_global_step_and_nothing_else(tmp_path):
+def test_untraced_runs_ask_for_nothing_and_traced_ones_for_the_trace_only(tmp_path):
     with tf.Graph().as_default():
         train = tiny_train_graph()
         writer = tf.compat.v1.summary.FileWriter(str(tmp_path))
@@ -67,7 +68,7 @@ def test_untraced_runs_ask_for_global_step_and_nothing_else(tmp_path):
             hook.after_create_session(session, None)
             untraced = hook.before_run(None)  # the coming step is 6
             assert untraced.options is None and untraced.feed_dict is None
-            assert untraced.fetches == {"global_step": train.global_step}
+            assert untraced.fetches is None
 
             hook = trace.TraceHook(steps=[6], output_dir=tmp_path,
                                    global_step=train.global_step, summary_writer=writer)
@@ -75,8 +76,34 @@ def test_untraced_runs_ask_for_global_step_and_nothing_else(tmp_path):
             hook.after_create_session(session, None)
             traced = hook.before_run(None)
             assert traced.options.trace_level == tf.compat.v1.RunOptions.FULL_TRACE
-            assert traced.fetches == {"global_step": train.global_step}
+            assert traced.fetches is None
         writer.close()
+
+
+def test_a_step_is_traced_whichever_side_of_the_increment_its_step_was_read(tmp_path):
+    """A global_step fetched in the same run as the train op may be read after its
+    increment (nothing orders them; seen under load): the hook reads the step after
+    the run instead, so step 6 is traced even when that run's fetch said 6."""
+    with tf.Graph().as_default():
+        train = tiny_train_graph()
+        writer = tf.compat.v1.summary.FileWriter(str(tmp_path))
+        hook = trace.TraceHook(steps=[6], output_dir=tmp_path,
+                               global_step=train.global_step, summary_writer=writer)
+        hook.begin()
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(train.global_step.assign(5))
+            hook.after_create_session(session, None)
+            args = hook.before_run(None)
+            metadata = tf.compat.v1.RunMetadata()
+            session.run(train.train_op, options=args.options, run_metadata=metadata)
+            read_after_the_increment = {"global_step": 6}
+            hook.after_run(types.SimpleNamespace(session=session),
+                           tf.compat.v1.train.SessionRunValues(
+                               results=read_after_the_increment, options=args.options,
+                               run_metadata=metadata))
+        writer.close()
+    assert (tmp_path / "traces" / "trace_step_6.json").exists()
 
 
 def test_in_run_training_the_traced_steps_are_the_logged_ones(tmp_path, caplog):

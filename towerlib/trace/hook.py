@@ -137,19 +137,16 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
         self._tracing = self._previous is not None and self._previous + 1 in self._steps
         options = (tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
                    if self._tracing else None)
-        return tf.compat.v1.train.SessionRunArgs({"global_step": self._global_step},
-                                                 options=options)
+        return tf.compat.v1.train.SessionRunArgs(None, options=options)
 
     def after_run(self, run_context, run_values):
-        before = int(run_values.results["global_step"])
-        if not self._tracing:
-            self._previous = before + 1
-            return
+        # The step is read after the run, not fetched with it: a read in the same run as
+        # the train op may come before or after its increment (no dependency orders them).
+        before, tracing = self._previous, self._tracing
         self._tracing = False
-        step = int(run_context.session.run(self._global_step))
-        self._previous = step
-        if step > before and step in self._steps:
-            self._record(step, run_values.run_metadata)
+        self._previous = int(run_context.session.run(self._global_step))
+        if tracing and self._previous > before and self._previous in self._steps:
+            self._record(self._previous, run_values.run_metadata)
 
     def _record(self, step, run_metadata):
         self._writer.add_run_metadata(run_metadata, f"step_{step}", global_step=step)
