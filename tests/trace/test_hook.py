@@ -55,17 +55,23 @@ def test_traces_the_chosen_step_only(tmp_path, caplog):
         assert json.load(stream)["otherData"]["summary"] == profile.summary_line()
 
 
+def _hook_at_step_5(session, train, writer, steps, tmp_path):
+    """A TraceHook for `steps`, begun, whose session starts at global step 5."""
+    hook = trace.TraceHook(steps=steps, output_dir=tmp_path,
+                           global_step=train.global_step, summary_writer=writer)
+    hook.begin()
+    session.run(tf.compat.v1.global_variables_initializer())
+    session.run(train.global_step.assign(5))
+    hook.after_create_session(session, None)
+    return hook
+
+
 def test_untraced_runs_ask_for_nothing_and_traced_ones_for_the_trace_only(tmp_path):
     with tf.Graph().as_default():
         train = tiny_train_graph()
         writer = tf.compat.v1.summary.FileWriter(str(tmp_path))
-        hook = trace.TraceHook(steps=[1], output_dir=tmp_path,
-                               global_step=train.global_step, summary_writer=writer)
-        hook.begin()
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(train.global_step.assign(5))
-            hook.after_create_session(session, None)
+            hook = _hook_at_step_5(session, train, writer, [1], tmp_path)
             untraced = hook.before_run(None)  # the coming step is 6
             assert untraced.options is None and untraced.feed_dict is None
             assert untraced.fetches is None
@@ -87,13 +93,8 @@ def test_a_step_is_traced_whichever_side_of_the_increment_its_step_was_read(tmp_
     with tf.Graph().as_default():
         train = tiny_train_graph()
         writer = tf.compat.v1.summary.FileWriter(str(tmp_path))
-        hook = trace.TraceHook(steps=[6], output_dir=tmp_path,
-                               global_step=train.global_step, summary_writer=writer)
-        hook.begin()
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(train.global_step.assign(5))
-            hook.after_create_session(session, None)
+            hook = _hook_at_step_5(session, train, writer, [6], tmp_path)
             args = hook.before_run(None)
             metadata = tf.compat.v1.RunMetadata()
             session.run(train.train_op, options=args.options, run_metadata=metadata)
