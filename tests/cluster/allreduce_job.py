@@ -81,6 +81,14 @@ def optimizer(name):
             "adam": tf.compat.v1.train.AdamOptimizer(0.01)}[name]
 
 
+def load_start(session, train, start):
+    """Every global variable set to `start`'s value of its name, then copied to every tower."""
+    for variable in tf.compat.v1.global_variables():
+        variable.load(start[variable.op.name], session)
+    if train.sync_copies_op is not None:
+        session.run(train.sync_copies_op)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--role", choices=["worker", "reference", "one_device"])
@@ -97,6 +105,9 @@ def main():
     parser.add_argument("--shard_update", action="store_true")
     parser.add_argument("--batch_sizes", choices=["static", "dynamic"], default="static")
     parser.add_argument("--init", required=True)
+    parser.add_argument("--start", default="",
+                        help="Every worker starts from these values (a chief's --init "
+                             "file of another run), not its own initializers.")
     parser.add_argument("--out", required=True)
     run(parser.parse_args())
 
@@ -153,17 +164,15 @@ def run(args):
         variables = tf.compat.v1.global_variables() + tf.compat.v1.local_variables()
         with tf.compat.v1.Session(target, config=config) as session:
             train.initialize(session)
+            if args.role == "worker" and getattr(args, "start", ""):
+                load_start(session, train, np.load(args.start))
             if args.role == "worker" and args.task == 0:
                 # Whole or not at all: the test starts the references once it exists.
                 np.savez(args.init + ".partial.npz", **{
                     v.op.name: session.run(v) for v in tf.compat.v1.global_variables()})
                 os.replace(args.init + ".partial.npz", args.init)
             elif args.role != "worker":
-                start = np.load(args.init)
-                for variable in tf.compat.v1.global_variables():
-                    variable.load(start[variable.op.name], session)
-                if train.sync_copies_op is not None:
-                    session.run(train.sync_copies_op)
+                load_start(session, train, np.load(args.init))
             norm = train.gradient_norm if train.gradient_norm is not None else train.loss
             runs = [session.run([train.train_op, train.loss, norm], {step_index: s})[1:]
                     for s in range(STEPS)]

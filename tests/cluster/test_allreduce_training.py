@@ -204,3 +204,39 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
     assert int(chief["global_step"]) == 5
     if clip_norm:  # clipping was active: every step's global norm above the threshold
         assert min(chief["norms"]) > clip_norm, chief["norms"]
+
+
+@pytest.mark.parametrize("bn_mode, optimizer, steps", [("sync", "adam", 1),
+                                                       ("all_towers", "momentum", 2)])
+def test_sharded_workers_equal_unsharded_workers_bit_for_bit(processes, tmp_path, bn_mode,
+                                                             optimizer, steps):
+    """2 x 2 with Replicated(shard_update=True) and with Replicated(), from the same
+    values: the same exchange and the same update arithmetic, so every weight, slot,
+    moving statistic and loss of the chief is the same bits."""
+    workers, towers = 2, 2
+    common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", "--model=towerlib",
+              f"--accumulation_steps={steps}", "--role=worker", f"--workers={workers}",
+              f"--towers={towers}"]
+    runs = {"sharded": ["--shard_update", f"--init={tmp_path / 'start.npz'}"],
+            "unsharded": [f"--start={tmp_path / 'start.npz'}",
+                          f"--init={tmp_path / 'unsharded_init.npz'}"]}
+    for run, flags in runs.items():
+        ports = ",".join(str(p) for p in free_ports(workers))
+        for task in range(workers):
+            processes.start(f"{run}{task}", common + flags + [
+                f"--task={task}", f"--ports={ports}", f"--out={tmp_path / f'{run}{task}.npz'}"])
+        if run == "sharded":   # the unsharded run starts from the sharded one's values
+            processes.wait_for(lambda: os.path.exists(tmp_path / "start.npz"),
+                               "initial values from the sharded chief", 90,
+                               watched="sharded0")
+    for name in [f"{run}{task}" for run in runs for task in range(workers)]:
+        assert processes.wait(name, 120) == 0, processes.describe(name)
+    sharded, unsharded = np.load(tmp_path / "sharded0.npz"), np.load(tmp_path / "unsharded0.npz")
+    plain = [n for n in sharded.files if not n.startswith("replicated/")]
+    slots = [n for n in plain if n.startswith("w1/")]
+    assert len(slots) == {"momentum": 1, "adam": 2}[optimizer], plain
+    assert {"w1", "w2", "bn/moving_mean", "bn/moving_variance", "losses"} <= set(plain)
+    for name in plain:
+        np.testing.assert_array_equal(sharded[name], unsharded[name],
+                                      err_msg=f"{name}: sharded vs unsharded, 2 x 2")
+    assert int(sharded["global_step"]) == 5
