@@ -47,6 +47,50 @@ def test_every_copy_takes_tower_0s_bits():
             assert bool(session.run(copies["flag"][1])) is True
 
 
+def test_the_buffers_go_one_after_another_and_each_is_exact():
+    """Variables of 40, 30 and 20 KB with 64 KB buffers: two exchanges ([40], [30, 20]).
+    Every read of the second waits for the first's assigns, so the start holds one
+    buffer at a time beside the variables; every copy still takes tower 0's bits."""
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    kilobytes = {"a": 40, "b": 30, "c": 20}
+    with tf.Graph().as_default():
+        originals, copies = [], {}
+        for name, size in kilobytes.items():
+            value = np.random.RandomState(size).randn(size * 256).astype(np.float32)
+            with tf.device(devices[0]):
+                original = tf.compat.v1.get_variable(name, initializer=value)
+            with tf.device(devices[1]):
+                other = tf.compat.v1.get_variable(f"replicated/tower_1/{name}",
+                                                  initializer=np.zeros_like(value))
+            originals.append(original)
+            copies[name] = [original, other]
+        reducer = CrossTowerReducer(devices, transport="graph")
+        broadcast = broadcast_from_chief(reducer, originals, copies, chunk_bytes=64 << 10)
+        graph = tf.compat.v1.get_default_graph()
+
+        def assigns_of(name):
+            return {op for op in graph.get_operations() if op.type == "AssignVariableOp"
+                    and op.name.startswith("broadcast_from_chief")
+                    and op.inputs[0].op.name.split("/")[-1] == name}
+
+        def reads_of(name):
+            return [op for op in graph.get_operations() if op.type == "ReadVariableOp"
+                    and op.name.startswith("broadcast_from_chief")
+                    and op.inputs[0].op.name == name]
+
+        assert len(assigns_of("a")) == 2
+        for later in ("b", "c"):
+            assert reads_of(later) and all(
+                assigns_of("a") <= set(read.control_inputs) for read in reads_of(later))
+        assert not reads_of("a")[0].control_inputs     # the first buffer waits for nothing
+        assert not set(reads_of("c")[0].control_inputs) & assigns_of("b")  # same buffer
+        with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(broadcast)
+            for original, other in copies.values():
+                np.testing.assert_array_equal(*session.run([other, original]))
+
+
 def _tower(x, ctx):
     w = tf.compat.v1.get_variable("w", [2], initializer=tf.zeros_initializer())
     return tf.reduce_mean(x * w)
