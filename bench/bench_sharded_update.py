@@ -11,6 +11,14 @@ step, initializes it, runs --warmup steps, times --steps steps (the median), and
 reports its peak resident set size (ru_maxrss) and what towerlib.replica_bytes reads
 from the graph. Reported: each configuration's medians, and sharded / unsharded.
 
+    python bench/bench_sharded_update.py --workers=2 --towers=2 --repetitions=3
+
+runs each measurement as --workers worker processes on 127.0.0.1 (free ports, no ps
+task, towerlib.cluster), each with --towers towers and its share of the batch: the
+sharded update across workers, where each worker shards its slots over its own
+towers. Reported: the chief's median step, and the largest peak resident set of the
+workers.
+
     python bench/bench_sharded_update.py --traffic
 
 counts instead, from built graphs (nothing runs), what crosses between devices in one
@@ -38,7 +46,10 @@ sys.path.insert(0, ROOT)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("repetitions", 3, "Fresh-process measurements per configuration.")
-flags.DEFINE_integer("towers", 4, "Virtual CPU towers.")
+flags.DEFINE_integer("towers", 4, "Virtual CPU towers (per worker).")
+flags.DEFINE_integer("workers", 1, "Worker processes (1: one process, no cluster).")
+flags.DEFINE_integer("task", 0, "Internal: this worker's index.")
+flags.DEFINE_string("ports", "", "Internal: the workers' ports, comma-separated.")
 flags.DEFINE_integer("global_batch", 16, "Examples per step, all towers together.")
 flags.DEFINE_integer("width", 3584, "Width of the dense layers.")
 flags.DEFINE_integer("depth", 4, "Dense layers of width x width.")
@@ -77,18 +88,16 @@ def measure(configuration):
 
     update = towerlib.Replicated(shard_update=configuration == "sharded")
     with tf.Graph().as_default():
-        rng = np.random.RandomState(0)
-        features = tf.constant(rng.randn(FLAGS.global_batch, FLAGS.width).astype(np.float32))
-        labels = tf.constant(rng.randint(0, 10, FLAGS.global_batch).astype(np.int32))
-        train = towerlib.build_train_graph(
-            _dense_model(FLAGS.width, FLAGS.depth), (features, labels),
-            tf.compat.v1.train.AdamOptimizer(1e-4), num_towers=FLAGS.towers,
-            device_type="cpu", update=update, summaries=False)
+        rng = np.random.RandomState(FLAGS.task)   # each worker its own share of the batch
+        rows = FLAGS.global_batch // FLAGS.workers
+        features = tf.constant(rng.randn(rows, FLAGS.width).astype(np.float32))
+        labels = tf.constant(rng.randint(0, 10, rows).astype(np.int32))
+        train, target, config = _build(_dense_model(FLAGS.width, FLAGS.depth),
+                                       (features, labels), update)
         parameters = sum(v.shape.num_elements() for v in tf.compat.v1.trainable_variables())
         held = towerlib.replica_bytes(train)
-        with tf.compat.v1.Session(config=towerlib.session_config(FLAGS.towers)) as session:
-            session.run(tf.compat.v1.global_variables_initializer())
-            session.run(tf.compat.v1.local_variables_initializer())
+        with tf.compat.v1.Session(target, config=config) as session:
+            train.initialize(session)
             for _ in range(FLAGS.warmup):
                 session.run(train.train_op)
             times = []
@@ -102,12 +111,54 @@ def measure(configuration):
             "slot_bytes_per_tower": max(h["slots"] for h in held.values())}
 
 
+def _build(model, batch, update):
+    """(train graph, session target, session config): one process, or this worker's part."""
+    import tensorflow as tf
+
+    import towerlib
+    from towerlib import cluster as cluster_lib
+
+    optimizer = tf.compat.v1.train.AdamOptimizer(1e-4)
+    if FLAGS.workers == 1:
+        train = towerlib.build_train_graph(model, batch, optimizer, num_towers=FLAGS.towers,
+                                           device_type="cpu", update=update, summaries=False)
+        return train, "", towerlib.session_config(FLAGS.towers)
+    cluster = cluster_lib.cluster_from_flags(
+        worker_hosts=",".join(f"127.0.0.1:{port}" for port in FLAGS.ports.split(",")),
+        job_name="worker", task_index=FLAGS.task)
+    server = cluster_lib.start_server(cluster, FLAGS.towers)
+    graph = cluster_lib.build_sync_train_graph(
+        model, batch, optimizer, cluster, num_towers=FLAGS.towers, device_type="cpu",
+        update=update, summaries=False)
+    config = cluster_lib.session_config(cluster, FLAGS.towers)
+    config.operation_timeout_in_ms = 600_000   # a lost worker ends the run, not a wait
+    return graph.train_graph, server.target, config
+
+
 def _run_fresh(configuration):
+    """One measurement in fresh processes: the chief's step, the largest peak RSS."""
+    from bench.bench_multiworker_processes import free_ports
+
     argv = [sys.executable, os.path.abspath(__file__), f"--measure={configuration}"] + [
         f"--{name}={getattr(FLAGS, name)}" for name in
-        ("towers", "global_batch", "width", "depth", "warmup", "steps")]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        ("towers", "workers", "global_batch", "width", "depth", "warmup", "steps")]
+    ports = ",".join(map(str, free_ports(FLAGS.workers)))
+    workers = [subprocess.Popen(argv + [f"--task={task}", f"--ports={ports}"],
+                                stdout=subprocess.PIPE, text=True)
+               for task in range(FLAGS.workers)]
+    try:
+        results = []
+        for worker in workers:
+            out, _ = worker.communicate(timeout=1800)
+            if worker.returncode != 0:
+                raise RuntimeError(f"a measurement exited with {worker.returncode}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    return dict(results[0], peak_rss_bytes=max(r["peak_rss_bytes"] for r in results))
 
 
 def busiest_device_bytes(num_towers, update, exchange):
@@ -171,7 +222,7 @@ def main(argv):
           f"{sharded['step_seconds'] / unsharded['step_seconds']:.3f}, peak RSS "
           f"{sharded['peak_rss_bytes'] / unsharded['peak_rss_bytes']:.3f}, slots per tower "
           f"{sharded['slot_bytes_per_tower'] / unsharded['slot_bytes_per_tower']:.3f} "
-          f"({FLAGS.towers} towers, global batch {FLAGS.global_batch}, load "
+          f"({FLAGS.workers} x {FLAGS.towers} towers, global batch {FLAGS.global_batch}, load "
           f"{os.getloadavg()[0]:.1f})")
 
 
