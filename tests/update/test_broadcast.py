@@ -48,15 +48,19 @@ def test_every_copy_takes_tower_0s_bits():
 
 
 def test_the_buffers_go_one_after_another_and_each_is_exact():
-    """Variables of 40, 30 and 20 KB with 64 KB buffers: two exchanges ([40], [30, 20]).
-    Every read of the second waits for the first's assigns, so the start holds one
-    buffer at a time beside the variables; every copy still takes tower 0's bits."""
+    """Float32 variables of 40, 30 and 20 KB with 64 KB buffers, and an int32 one among
+    them: three exchanges in one chain ([40], [30, 20], then the int32 as int64). Each
+    buffer's reads (the chief's) and zeros (every other member's) wait for the previous
+    buffer's assigns, so the start holds one buffer at a time beside the variables; every
+    copy still takes tower 0's bits."""
     devices = ["/device:CPU:0", "/device:CPU:1"]
-    kilobytes = {"a": 40, "b": 30, "c": 20}
+    values = {"a": np.random.RandomState(1).randn(40 * 256).astype(np.float32),
+              "n": np.arange(-3, 5, dtype=np.int32),
+              "b": np.random.RandomState(2).randn(30 * 256).astype(np.float32),
+              "c": np.random.RandomState(3).randn(20 * 256).astype(np.float32)}
     with tf.Graph().as_default():
         originals, copies = [], {}
-        for name, size in kilobytes.items():
-            value = np.random.RandomState(size).randn(size * 256).astype(np.float32)
+        for name, value in values.items():
             with tf.device(devices[0]):
                 original = tf.compat.v1.get_variable(name, initializer=value)
             with tf.device(devices[1]):
@@ -67,28 +71,42 @@ def test_the_buffers_go_one_after_another_and_each_is_exact():
         reducer = CrossTowerReducer(devices, transport="graph")
         broadcast = broadcast_from_chief(reducer, originals, copies, chunk_bytes=64 << 10)
         graph = tf.compat.v1.get_default_graph()
+        ops = [op for op in graph.get_operations()
+               if op.name.startswith("broadcast_from_chief")]
 
-        def assigns_of(name):
-            return {op for op in graph.get_operations() if op.type == "AssignVariableOp"
-                    and op.name.startswith("broadcast_from_chief")
-                    and op.inputs[0].op.name.split("/")[-1] == name}
+        def assigns_of(*names):
+            return {op for op in ops if op.type == "AssignVariableOp"
+                    and op.inputs[0].op.name.split("/")[-1] in names}
 
         def reads_of(name):
-            return [op for op in graph.get_operations() if op.type == "ReadVariableOp"
-                    and op.name.startswith("broadcast_from_chief")
+            return [op for op in ops if op.type == "ReadVariableOp"
                     and op.inputs[0].op.name == name]
+
+        def zeros_of(name):   # tower 1's contribution, shaped like the variable
+            return [op for op in ops if op.type == "Fill" and op.device.endswith("CPU:1")
+                    and op.outputs[0].shape == values[name].shape]
+
+        def waits_for(op):   # its control inputs, or its inputs' (a Fill's constants)
+            return set(op.control_inputs).union(
+                *(tensor.op.control_inputs for tensor in op.inputs))
 
         assert len(assigns_of("a")) == 2
         for later in ("b", "c"):
-            assert reads_of(later) and all(
-                assigns_of("a") <= set(read.control_inputs) for read in reads_of(later))
-        assert not reads_of("a")[0].control_inputs     # the first buffer waits for nothing
-        assert not set(reads_of("c")[0].control_inputs) & assigns_of("b")  # same buffer
+            waiting = reads_of(later) + zeros_of(later)
+            assert len(waiting) == 2, waiting
+            assert all(assigns_of("a") <= waits_for(op) for op in waiting)
+        assert not waits_for(reads_of("a")[0])   # the first buffer waits for nothing
+        assert not waits_for(zeros_of("a")[0])
+        assert not waits_for(reads_of("c")[0]) & assigns_of("b")   # the same buffer
+        # The next dtype's buffer waits for the last float32 one.
+        assert assigns_of("b", "c") <= waits_for(reads_of("n")[0])
         with tf.compat.v1.Session(config=towerlib.session_config(2)) as session:
             session.run(tf.compat.v1.global_variables_initializer())
             session.run(broadcast)
             for original, other in copies.values():
-                np.testing.assert_array_equal(*session.run([other, original]))
+                mine, theirs = session.run([original, other])
+                np.testing.assert_array_equal(theirs, mine)
+                assert theirs.dtype == mine.dtype
 
 
 def _tower(x, ctx):

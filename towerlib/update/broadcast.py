@@ -12,12 +12,14 @@ and small integers cross as int64 (exact).
     broadcast = broadcast_from_chief(reducer, global_variables, copies)
     session.run(broadcast)   # after initializing or restoring, before step 1
 
-The variables of a dtype are packed into buffers of at most `chunk_bytes`,
-exchanged one after another: each buffer's exchange starts once the previous
-one's values are assigned, so what is in transit at once is bounded, whatever
-the model's size. (As one buffer per dtype, 2 workers x 2 towers of a 51 M-
-parameter Adam model peaked at 10.1 GB per worker at start; in 32 MiB buffers,
-at 2.8 GB.)
+The variables of each dtype are packed into buffers of at most `chunk_bytes`
+(a larger variable is a buffer of its own), and every buffer, of every dtype,
+goes in one chain: its exchange starts once the previous buffer's values are
+assigned. So what is in transit at once is about the larger of `chunk_bytes`
+and the largest variable, not the model. (Measured: 2 workers x 2 towers of a
+51 M-parameter Adam model, whose largest variables are 49 MiB, by
+bench/bench_sharded_update.py: a worker's peak after the start was 9.9 to 10.2
+GiB when each dtype went as one buffer, 3.5 GiB in a chain of 32 MiB buffers.)
 
     variables of 40, 30 and 20 MB (float32), chunk_bytes = 64 MB:
     exchange 1: the 40 MB one (40 + 30 > 64), then exchange 2: 30 + 20 MB
@@ -39,7 +41,7 @@ _SENT_AS = {tf.bool: tf.int64, tf.int32: tf.int64, tf.int16: tf.int64, tf.int8: 
             tf.uint8: tf.int64}
 
 
-def broadcast_from_chief(reducer, variables, copies, chunk_bytes=DEFAULT_CHUNK_BYTES):
+def broadcast_from_chief(reducer, variables, copies, chunk_bytes=None):
     """An op making every copy of `variables` on every worker equal the chief's.
 
     Args:
@@ -50,12 +52,14 @@ def broadcast_from_chief(reducer, variables, copies, chunk_bytes=DEFAULT_CHUNK_B
       copies: {plain name: [tower i's copy]} for the variables that have one
         per tower; the others are held once, by tower 0.
       chunk_bytes: the largest buffer exchanged at once (a larger variable
-        goes alone); the buffers go one after another.
+        goes alone); None: DEFAULT_CHUNK_BYTES, read when called.
 
     Returns:
-      One op: the assigns of every local copy, and every local member's half
-      of the exchanges.
+      One op: the last buffer's assigns and this process's halves of its
+      exchange, which wait, through control edges, for every buffer before it.
     """
+    if chunk_bytes is None:
+        chunk_bytes = DEFAULT_CHUNK_BYTES
     by_dtype = collections.OrderedDict()
     for variable in variables:
         by_dtype.setdefault(variable.dtype.base_dtype, []).append(variable)
