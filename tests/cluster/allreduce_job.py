@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import towerlib
 from towerlib import cluster as cluster_lib
+from towerlib.update import broadcast
 
 GLOBAL_BATCH = 11
 STEPS = 5
@@ -105,6 +106,8 @@ def main():
     parser.add_argument("--shard_update", action="store_true")
     parser.add_argument("--batch_sizes", choices=["static", "dynamic"], default="static")
     parser.add_argument("--init", required=True)
+    parser.add_argument("--broadcast_chunk_bytes", type=int, default=0,
+                        help="The start broadcast's buffer size (0: towerlib's default).")
     parser.add_argument("--start", default="",
                         help="Every worker starts from these values (a chief's --init "
                              "file of another run), not its own initializers.")
@@ -117,6 +120,8 @@ def run(args):
     in its own process for the references, which need no server."""
     images, labels = batches()
     step_index = None
+    if getattr(args, "broadcast_chunk_bytes", 0):   # read when the build broadcasts
+        broadcast.DEFAULT_CHUNK_BYTES = args.broadcast_chunk_bytes
     if args.role == "worker":
         if getattr(args, "cluster", "flags") == "environment":   # TF_CONFIG or Slurm's
             cluster = cluster_lib.resolve_cluster()

@@ -206,17 +206,18 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
         assert min(chief["norms"]) > clip_norm, chief["norms"]
 
 
-@pytest.mark.parametrize("bn_mode, optimizer, steps", [("sync", "adam", 1),
-                                                       ("all_towers", "momentum", 2)])
+@pytest.mark.parametrize("bn_mode, optimizer, accumulation_steps",
+                         [("sync", "adam", 1), ("all_towers", "momentum", 2)])
 def test_sharded_workers_equal_unsharded_workers_bit_for_bit(processes, tmp_path, bn_mode,
-                                                             optimizer, steps):
+                                                             optimizer, accumulation_steps):
     """2 x 2 with Replicated(shard_update=True) and with Replicated(), from the same
     values: the same exchange and the same update arithmetic, so every weight, slot,
-    moving statistic and loss of the chief is the same bits."""
+    moving statistic and loss of every worker is the same bits. The start broadcast
+    goes in 64-byte buffers, one variable each: a chain of exchanges across workers."""
     workers, towers = 2, 2
     common = [f"--bn_mode={bn_mode}", f"--optimizer={optimizer}", "--model=towerlib",
-              f"--accumulation_steps={steps}", "--role=worker", f"--workers={workers}",
-              f"--towers={towers}"]
+              f"--accumulation_steps={accumulation_steps}", "--role=worker",
+              f"--workers={workers}", f"--towers={towers}", "--broadcast_chunk_bytes=64"]
     runs = {"sharded": ["--shard_update", f"--init={tmp_path / 'start.npz'}"],
             "unsharded": [f"--start={tmp_path / 'start.npz'}",
                           f"--init={tmp_path / 'unsharded_init.npz'}"]}
@@ -231,12 +232,21 @@ def test_sharded_workers_equal_unsharded_workers_bit_for_bit(processes, tmp_path
                                watched="sharded0")
     for name in [f"{run}{task}" for run in runs for task in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
-    sharded, unsharded = np.load(tmp_path / "sharded0.npz"), np.load(tmp_path / "unsharded0.npz")
-    plain = [n for n in sharded.files if not n.startswith("replicated/")]
-    slots = [n for n in plain if n.startswith("w1/")]
-    assert len(slots) == {"momentum": 1, "adam": 2}[optimizer], plain
-    assert {"w1", "w2", "bn/moving_mean", "bn/moving_variance", "losses"} <= set(plain)
-    for name in plain:
-        np.testing.assert_array_equal(sharded[name], unsharded[name],
-                                      err_msg=f"{name}: sharded vs unsharded, 2 x 2")
-    assert int(sharded["global_step"]) == 5
+    first_slot = {"momentum": "w1/Momentum", "adam": "w1/Adam"}[optimizer]
+    for task in range(workers):
+        sharded = np.load(tmp_path / f"sharded{task}.npz")
+        unsharded = np.load(tmp_path / f"unsharded{task}.npz")
+        # Sharded indeed: tower 1 holds a copy of the slot only without sharding.
+        assert f"replicated/tower_1/{first_slot}" in unsharded.files
+        assert f"replicated/tower_1/{first_slot}" not in sharded.files
+        shared = set(sharded.files) & set(unsharded.files)
+        plain = [n for n in shared if not n.startswith("replicated/")]
+        slots = [n for n in plain if n.startswith("w1/")]
+        assert len(slots) == {"momentum": 1, "adam": 2}[optimizer], plain
+        assert {"w1", "w2", "bn/moving_mean", "bn/moving_variance", "losses",
+                "replicated/tower_1/w1"} <= shared
+        for name in sorted(shared):
+            np.testing.assert_array_equal(
+                sharded[name], unsharded[name],
+                err_msg=f"worker {task}'s {name}: sharded vs unsharded, 2 x 2")
+        assert int(sharded["global_step"]) == 5
