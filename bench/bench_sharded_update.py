@@ -8,8 +8,9 @@ global batch (--global_batch), where the update's share of the step is largest.
 Each measurement runs in a fresh process (a process's peak resident set only grows),
 unsharded and sharded alternating over the repetitions; each process builds the
 step, initializes it, runs --warmup steps, times --steps steps (the median), and
-reports its peak resident set size (ru_maxrss) and what towerlib.replica_bytes reads
-from the graph. Reported: each configuration's medians, and sharded / unsharded.
+reports its peak resident set size (ru_maxrss) after the start (initializing, and
+across workers the chief's broadcast) and at the end, and what towerlib.replica_bytes
+reads from the graph. Reported: each configuration's medians, and sharded / unsharded.
 
     python bench/bench_sharded_update.py --workers=2 --towers=2 --repetitions=3
 
@@ -60,6 +61,7 @@ flags.DEFINE_string("measure", "", "Internal: 'sharded' or 'unsharded': one meas
                     "printed as JSON.")
 
 CONFIGURATIONS = ("unsharded", "sharded")
+MEASUREMENT_DEADLINE_SECS = 1800
 
 
 def _dense_model(width, depth):
@@ -98,6 +100,7 @@ def measure(configuration):
         held = towerlib.replica_bytes(train)
         with tf.compat.v1.Session(target, config=config) as session:
             train.initialize(session)
+            start_peak = _peak_resident_bytes()
             for _ in range(FLAGS.warmup):
                 session.run(train.train_op)
             times = []
@@ -106,9 +109,15 @@ def measure(configuration):
                 session.run(train.train_op)
                 times.append(time.perf_counter() - start)
     return {"step_seconds": statistics.median(times),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "peak_rss_bytes": _peak_resident_bytes(),
+            "start_peak_rss_bytes": start_peak,
             "parameters": parameters,
             "slot_bytes_per_tower": max(h["slots"] for h in held.values())}
+
+
+def _peak_resident_bytes():
+    """This process's peak resident set so far (ru_maxrss, in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _build(model, batch, update):
@@ -136,29 +145,54 @@ def _build(model, batch, update):
 
 
 def _run_fresh(configuration):
-    """One measurement in fresh processes: the chief's step, the largest peak RSS."""
-    from bench.bench_multiworker_processes import free_ports
+    """One measurement in fresh processes: the chief's step, each peak RSS the largest
+    of the workers'. A worker that fails ends the others at once; every worker dies
+    with this process, and the whole measurement has one deadline."""
+    import tempfile
+
+    from bench.bench_multiworker_processes import _die_with_parent, free_ports
 
     argv = [sys.executable, os.path.abspath(__file__), f"--measure={configuration}"] + [
         f"--{name}={getattr(FLAGS, name)}" for name in
         ("towers", "workers", "global_batch", "width", "depth", "warmup", "steps")]
     ports = ",".join(map(str, free_ports(FLAGS.workers)))
-    workers = [subprocess.Popen(argv + [f"--task={task}", f"--ports={ports}"],
-                                stdout=subprocess.PIPE, text=True)
-               for task in range(FLAGS.workers)]
-    try:
-        results = []
-        for worker in workers:
-            out, _ = worker.communicate(timeout=1800)
-            if worker.returncode != 0:
-                raise RuntimeError(f"a measurement exited with {worker.returncode}")
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    return dict(results[0], peak_rss_bytes=max(r["peak_rss_bytes"] for r in results))
+    with tempfile.TemporaryDirectory() as folder:
+        outs = [os.path.join(folder, f"worker{task}.json") for task in range(FLAGS.workers)]
+        workers = []
+        try:
+            for task, out in enumerate(outs):
+                with open(out, "w") as stdout:
+                    workers.append(subprocess.Popen(
+                        argv + [f"--task={task}", f"--ports={ports}"], stdout=stdout,
+                        start_new_session=True, preexec_fn=_die_with_parent))
+            _wait_for_all(workers, deadline=time.monotonic() + MEASUREMENT_DEADLINE_SECS)
+            results = []
+            for out in outs:
+                with open(out) as lines:
+                    results.append(json.loads(lines.read().strip().splitlines()[-1]))
+        finally:
+            for worker in workers:
+                if worker.poll() is None:
+                    worker.kill()
+                    worker.wait()
+    peaks = {key: max(r[key] for r in results)
+             for key in ("peak_rss_bytes", "start_peak_rss_bytes")}
+    return dict(results[0], **peaks)
+
+
+def _wait_for_all(workers, deadline):
+    """Returns once every worker exited 0; raises at the first failure or the deadline."""
+    while True:
+        codes = [worker.poll() for worker in workers]
+        failed = [task for task, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            raise RuntimeError(f"worker {failed[0]}'s measurement exited with "
+                               f"{codes[failed[0]]}")
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"a measurement ran past {MEASUREMENT_DEADLINE_SECS} s")
+        time.sleep(0.5)
 
 
 def busiest_device_bytes(num_towers, update, exchange):
@@ -202,6 +236,9 @@ def main(argv):
     if FLAGS.traffic:
         traffic()
         return
+    if FLAGS.global_batch % FLAGS.workers:
+        raise app.UsageError(f"--global_batch={FLAGS.global_batch} does not divide over "
+                             f"--workers={FLAGS.workers}. Fix: a multiple of --workers.")
     if FLAGS.measure:
         print(json.dumps(measure(FLAGS.measure)))
         return
@@ -216,11 +253,14 @@ def main(argv):
     for name, values in medians.items():
         print(f"{name}: {values['parameters'] / 1e6:.1f} M parameters, step "
               f"{values['step_seconds']:.3f} s, peak RSS {values['peak_rss_bytes'] / 2**30:.2f}"
-              f" GiB, slots per tower {values['slot_bytes_per_tower'] / 2**20:.0f} MiB")
+              f" GiB (after the start {values['start_peak_rss_bytes'] / 2**30:.2f} GiB), "
+              f"slots per tower {values['slot_bytes_per_tower'] / 2**20:.0f} MiB")
     sharded, unsharded = medians["sharded"], medians["unsharded"]
     print(f"sharded / unsharded: step time "
           f"{sharded['step_seconds'] / unsharded['step_seconds']:.3f}, peak RSS "
-          f"{sharded['peak_rss_bytes'] / unsharded['peak_rss_bytes']:.3f}, slots per tower "
+          f"{sharded['peak_rss_bytes'] / unsharded['peak_rss_bytes']:.3f} (after the start "
+          f"{sharded['start_peak_rss_bytes'] / unsharded['start_peak_rss_bytes']:.3f}), "
+          f"slots per tower "
           f"{sharded['slot_bytes_per_tower'] / unsharded['slot_bytes_per_tower']:.3f} "
           f"({FLAGS.workers} x {FLAGS.towers} towers, global batch {FLAGS.global_batch}, load "
           f"{os.getloadavg()[0]:.1f})")
