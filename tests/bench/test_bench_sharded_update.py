@@ -15,15 +15,22 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_a_tiny_run_reports_every_ratio():
+@pytest.mark.parametrize("workers, towers, slot_share", [
+    (1, 4, (0.2, 0.3)),    # 4 equal layers over 4 towers, and a head
+    (2, 2, (0.45, 0.55)),  # each worker's slots over its own 2 towers
+])
+def test_a_tiny_run_reports_every_ratio(workers, towers, slot_share):
     env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(
         [sys.executable, "bench/bench_sharded_update.py", "--repetitions=1", "--width=64",
-         "--depth=4", "--warmup=1", "--steps=1"],
+         "--depth=4", "--warmup=1", "--steps=1", f"--workers={workers}", f"--towers={towers}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     line = done.stdout.strip().splitlines()[-1]
-    ratios = re.match(r"sharded / unsharded: step time ([\d.]+), peak RSS ([\d.]+), "
-                      r"slots per tower ([\d.]+) \(4 towers", line)
+    ratios = re.match(r"sharded / unsharded: step time ([\d.]+), peak RSS ([\d.]+) \(after "
+                      r"the start ([\d.]+)\), slots per tower ([\d.]+) "
+                      rf"\({workers} x {towers} towers", line)
     assert ratios, line
-    assert 0.2 <= float(ratios.group(3)) <= 0.3  # 4 equal layers over 4 towers, and a head
+    assert all(float(ratio) > 0 for ratio in ratios.groups()[:3]), line
+    low, high = slot_share
+    assert low <= float(ratios.group(4)) <= high, line
