@@ -259,7 +259,7 @@ def test_incomplete_checkpoint_at_the_same_step_is_replaced(model, tmp_path, cap
 
 def test_the_restored_step_is_not_saved_over(model, tmp_path):
     # TensorFlow's CheckpointSaverHook re-saves the restored step at session
-    # creation; towerlib never rewrites a complete checkpoint.
+    # creation; towerlib does not rewrite a complete checkpoint unless told to.
     train_dir = str(tmp_path)
     model.save_steps(train_dir, [4])
     index = _prefix(train_dir, 4) + ".index"
@@ -268,6 +268,22 @@ def test_the_restored_step_is_not_saved_over(model, tmp_path):
     model.session.run(model.assign, {model.value: 4})
     assert writer.save(model.session, 4) == _prefix(train_dir, 4)
     assert os.stat(index).st_mtime_ns == written
+
+
+def test_a_step_saved_before_is_saved_over_when_asked(model, tmp_path, caplog):
+    # Across workers with slots sharded over them every save is an exchange that every
+    # worker joins, so a worker whose folder holds that step from an earlier run saves
+    # it again (replace=True), with this run's values, listed once in the state.
+    train_dir = str(tmp_path)
+    model.save_steps(train_dir, [2, 4])
+    writer = checkpoints.CheckpointWriter(model.saver, train_dir)
+    model.session.run(model.assign, {model.value: 40})
+    with caplog.at_level(logging.WARNING, logger="towerlib"):
+        assert writer.save(model.session, 4, replace=True) == _prefix(train_dir, 4)
+    assert f"Deleting the earlier checkpoint {_prefix(train_dir, 4)}" in caplog.text
+    np.testing.assert_array_equal(_weights(_prefix(train_dir, 4)), np.full([4, 3], 40.0))
+    assert checkpoints.read_state(train_dir) == [_prefix(train_dir, 2), _prefix(train_dir, 4)]
+    assert checkpoints.checkpoint_problem(_prefix(train_dir, 4)) is None
 
 
 def test_run_training_resumes_from_the_fallback_with_the_same_weights(tmp_path):

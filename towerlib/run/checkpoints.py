@@ -325,15 +325,15 @@ class CheckpointWriter:
     def latest(self):
         return self.kept[-1] if self.kept else None
 
-    def save(self, session, step):
+    def save(self, session, step, replace=False):
         """Saves the session's variables as '<basename>-<step>'; returns the prefix.
 
         A no-op (returning the existing prefix) when that step already has a
-        complete checkpoint listed in the state: the variables are the ones
-        restored from it.
+        complete checkpoint listed in the state (the variables are the ones
+        restored from it), unless `replace`: then saved over it.
         """
         final = self.prefix_for(step)
-        if final in self.kept:
+        if final in self.kept and not replace:
             return final
         logger.info("Saving checkpoint for step %d to %s.", step, final)
         try:
@@ -384,8 +384,8 @@ class CheckpointWriter:
     def _publish(self, staged, final):
         """Moves the staged files into train_dir, the index last."""
         if checkpoint_files(final):
-            logger.warning("Deleting the incomplete checkpoint %s before saving over it.",
-                           final)
+            logger.warning("Deleting the %s checkpoint %s before saving over it.",
+                           "earlier" if final in self.kept else "incomplete", final)
             delete_checkpoint(final)
         files = checkpoint_files(staged)
         if not files or not files[-1].endswith(".index"):
