@@ -83,9 +83,11 @@ def optimizer(name):
 
 
 def load_start(session, train, start):
-    """Every global variable set to `start`'s value of its name, then copied to every tower."""
+    """Every global variable `start` names set to its value, then copied to every tower
+    (a slot sharded over the workers is in its owner's file only)."""
     for variable in tf.compat.v1.global_variables():
-        variable.load(start[variable.op.name], session)
+        if variable.op.name in start.files:   # a slot the chief did not own: as initialized
+            variable.load(start[variable.op.name], session)
     if train.sync_copies_op is not None:
         session.run(train.sync_copies_op)
 

@@ -157,6 +157,17 @@ def test_a_schedulers_environment_is_the_cluster(processes, tmp_path, scheduler)
                               "towerlib")
 
 
+def whole_state(dumps):
+    """{name: value} of the chief's dump, with the slots only other workers hold (the
+    optimizer sharded over the workers) added from theirs."""
+    whole = {name: dumps[0][name] for name in dumps[0].files}
+    for dump in dumps[1:]:
+        for name in dump.files:
+            if not name.startswith("replicated/") and name not in whole:
+                whole[name] = dump[name]
+    return whole
+
+
 def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, optimizer,
                               steps, model):
     """Runs the references here while the workers train; compares every copy."""
@@ -177,7 +188,7 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
     for name in [f"worker{t}" for t in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
 
-    chief = np.load(tmp_path / "w0.npz")
+    chief = whole_state([np.load(tmp_path / f"w{task}.npz") for task in range(workers)])
     for task in range(workers):
         worker = np.load(tmp_path / f"w{task}.npz")
         for name in worker.files:
@@ -194,13 +205,15 @@ def check_against_one_machine(processes, tmp_path, workers, towers, bn_mode, opt
         for name in compared:
             np.testing.assert_allclose(chief[name], reference[name], rtol=0, atol=1e-5,
                                        err_msg=f"{name}: workers vs {role}")
-    slots = [n for n in chief.files
+    slots = [n for n in chief
              if n.startswith(first) and n.count("/") == first.count("/")]
     assert len(slots) == {"sgd": 0, "momentum": 1, "adam": 2}[optimizer], slots
-    if model == "sharded":   # each slot once per worker, by its plain name
-        for task in range(workers):
-            assert not [n for n in np.load(tmp_path / f"w{task}.npz").files
-                        if n.startswith("replicated/") and "/Adam" in n]
+    if model == "sharded":   # each slot held once in the whole job, by its plain name
+        held = [n for task in range(workers) for n in np.load(tmp_path / f"w{task}.npz").files
+                if "/Adam" in n or "/Momentum" in n]
+        assert not [n for n in held if n.startswith("replicated/")], held
+        assert len(held) == len(set(held)) == len(weights | {"bn/beta", "bn/gamma"}) * len(
+            slots), held
     assert int(chief["global_step"]) == 5
     if clip_norm:  # clipping was active: every step's global norm above the threshold
         assert min(chief["norms"]) > clip_norm, chief["norms"]
@@ -233,16 +246,16 @@ def test_sharded_workers_equal_unsharded_workers_bit_for_bit(processes, tmp_path
     for name in [f"{run}{task}" for run in runs for task in range(workers)]:
         assert processes.wait(name, 120) == 0, processes.describe(name)
     first_slot = {"momentum": "w1/Momentum", "adam": "w1/Adam"}[optimizer]
+    dumps = {run: [np.load(tmp_path / f"{run}{task}.npz") for task in range(workers)]
+             for run in runs}
     for task in range(workers):
-        sharded = np.load(tmp_path / f"sharded{task}.npz")
-        unsharded = np.load(tmp_path / f"unsharded{task}.npz")
-        # Sharded indeed: tower 1 holds a copy of the slot only without sharding.
+        sharded, unsharded = dumps["sharded"][task], dumps["unsharded"][task]
+        # Sharded indeed: tower 1 holds a copy of the slot only without sharding, and
+        # worker 1 holds no slot of w1 (owned by the chief's tower 0).
         assert f"replicated/tower_1/{first_slot}" in unsharded.files
         assert f"replicated/tower_1/{first_slot}" not in sharded.files
+        assert (first_slot in sharded.files) == (task == 0)
         shared = set(sharded.files) & set(unsharded.files)
-        plain = [n for n in shared if not n.startswith("replicated/")]
-        slots = [n for n in plain if n.startswith("w1/")]
-        assert len(slots) == {"momentum": 1, "adam": 2}[optimizer], plain
         assert {"w1", "w2", "bn/moving_mean", "bn/moving_variance", "losses",
                 "replicated/tower_1/w1"} <= shared
         for name in sorted(shared):
@@ -250,3 +263,13 @@ def test_sharded_workers_equal_unsharded_workers_bit_for_bit(processes, tmp_path
                 sharded[name], unsharded[name],
                 err_msg=f"worker {task}'s {name}: sharded vs unsharded, 2 x 2")
         assert int(sharded["global_step"]) == 5
+    # Every slot is held by one worker only, and equals the unsharded one, bit for bit.
+    slots = {name: task for task, dump in enumerate(dumps["sharded"]) for name in dump.files
+             if not name.startswith("replicated/") and first_slot.split("/")[1] in name}
+    whole = whole_state(dumps["unsharded"])
+    assert sorted(slots) == sorted(n for n in whole if first_slot.split("/")[1] in n
+                                   and not n.startswith("replicated/")), slots
+    assert set(slots.values()) == {0, 1}
+    for name, task in slots.items():
+        np.testing.assert_array_equal(dumps["sharded"][task][name], whole[name],
+                                      err_msg=f"{name}: sharded vs unsharded, 2 x 2")

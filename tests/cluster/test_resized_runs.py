@@ -115,17 +115,26 @@ def test_float16_and_evaluation_state_continue_on_another_topology(processes, tm
     assert gap < 1e-5
 
 
-def test_a_sharded_run_resized_continues_the_unsharded_one(processes, tmp_path):
-    """Replicated(shard_update=True) on 2 x 2, then from its checkpoint on 1 x 3 (the
-    owners recomputed, one tower owning more), against Replicated() on 2 x 2 that never
-    stopped: the sharded checkpoint holds every slot by its plain name, and step 20
+@pytest.mark.parametrize("workers, towers", [(1, 3), (3, 1)], ids=["to_1x3", "to_3x1"])
+def test_a_sharded_run_resized_continues_the_unsharded_one(processes, tmp_path, workers,
+                                                           towers):
+    """Replicated(shard_update=True) on 2 x 2 (each slot held by one of the 4 towers of
+    the 2 workers), then from its checkpoint on 1 x 3 or 3 x 1 (the owners recomputed;
+    on 3 x 1 a third worker with no folder, and slots owned elsewhere than before,
+    refilled from the chief's checkpoint), against Replicated() on 2 x 2 that never
+    stopped: every worker's checkpoint holds every slot by its plain name, and step 20
     matches within 1e-5."""
     whole, resized = tmp_path / "uninterrupted", tmp_path / "resized"
     train(processes, whole, 2 * STEPS_EACH, 2, 2)
     train(processes, resized, STEPS_EACH, 2, 2, shard_update=True)
-    assert sorted(saved_values(resized, STEPS_EACH)) == sorted(
-        saved_values(whole, STEPS_EACH))
-    train(processes, resized, 2 * STEPS_EACH, 1, 3, shard_update=True)
+    expected = sorted(saved_values(whole, STEPS_EACH))
+    assert sorted(saved_values(resized, STEPS_EACH)) == expected
+    assert sorted(saved_values(resized / "worker_1", STEPS_EACH)) == expected
+    halfway = saved_values(whole, STEPS_EACH)
+    for folder in (resized, resized / "worker_1"):   # gathered whole, the same values
+        got = saved_values(folder, STEPS_EACH)
+        assert max(np.abs(got[n] - halfway[n]).max() for n in expected) < 1e-5
+    train(processes, resized, 2 * STEPS_EACH, workers, towers, shard_update=True)
     assert gap_at_20(whole, resized) < 1e-5
 
 

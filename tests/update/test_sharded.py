@@ -19,7 +19,7 @@ import tensorflow as tf
 import towerlib
 from tests import helpers
 from tests.update.test_replicated import run
-from towerlib.update import sharded
+from towerlib.update import sharded, slot_shards
 
 SHARDED = towerlib.Replicated(shard_update=True)
 SLOW = pytest.mark.slow
@@ -196,26 +196,31 @@ def test_each_tower_holds_a_1_over_n_share_of_the_slots(num_towers):
     assert sum(h["slots"] for h in got.values()) == whole
 
 
-def test_across_workers_each_slot_is_held_once_by_an_owner_among_the_workers_towers():
-    """Built as worker 0 of 2 (the graph only): each weight's Adam slots exist once, by
-    their plain names, on the device of its owner among this worker's 2 towers."""
-    with tf.Graph().as_default():
+def test_across_workers_each_slot_is_held_by_one_owner_among_every_workers_towers():
+    """Built as worker 1 of 2 with 2 towers (the graph only): the owners are members
+    0..3 of the whole group; this worker holds, by their plain names, only the slots
+    of members 2 and 3 (its towers), and a saveable for every slot of every weight."""
+    with tf.Graph().as_default() as graph:
         images, labels = helpers.image_batch(8)
         towerlib.build_train_graph(
             helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
             tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
-            update=SHARDED, workers=towerlib.WorkerGroup(2, 0))
+            update=SHARDED, workers=towerlib.WorkerGroup(2, 1))
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-    weights = [name for name in variables if not name.startswith("replicated/")
-               and "/Adam" not in name and name != "global_step" and "beta" not in name]
-    assert weights, sorted(variables)
-    devices = set()
-    for name in weights:
-        slots = [n for n in variables if n.endswith(f"{name}/Adam") or
-                 n.endswith(f"{name}/Adam_1")]
-        assert sorted(slots) == [f"{name}/Adam", f"{name}/Adam_1"], (name, slots)
-        devices.add(variables[f"{name}/Adam"].device)
-    assert len(devices) == 2   # both towers own some weights
+        shards = graph.get_collection(slot_shards.SHARDS)
+        saved = [s.name for s in slot_shards.saveables_of(graph)]
+    weights = sorted({name.rsplit("/", 1)[0] for name in (s.name for s in shards)})
+    assert len(weights) >= 4, weights
+    assert sorted(s.name for s in shards) == sorted(
+        f"{w}/{slot}" for w in weights for slot in ("Adam", "Adam_1"))
+    assert sorted(saved) == sorted(s.name for s in shards)   # every slot is saved whole
+    assert {s.owner for s in shards} == {0, 1, 2, 3}
+    for shard in shards:
+        here = shard.owner in (2, 3)
+        assert (shard.name in variables) == here, shard
+        assert (shard.variable is not None) == here, shard
+        if here:   # on its owner tower's device: tower owner - 2 of this worker
+            assert variables[shard.name].device.endswith(f"CPU:{shard.owner - 2}"), shard
 
 
 TRUST_RATIO = {

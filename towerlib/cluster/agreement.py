@@ -34,6 +34,7 @@ import tensorflow as tf
 from towerlib.internals import collective_ops
 from towerlib.run import global_batches
 from towerlib.step import across_workers
+from towerlib.update import slot_shards
 
 # The startup exchange's collective group: apart from the training graph's.
 _GROUP_KEY = 0x7B0003
@@ -76,9 +77,14 @@ def _optimizer_items(optimizer, prefix="optimizer"):
 
 def describe_step(train_graph, optimizer, build_options):
     """{item: text} of what defines this worker's step (see the module docstring)."""
-    variables = sorted((v.op.name, str(v.shape), v.dtype.base_dtype.name)
-                       for v in tf.compat.v1.global_variables()
-                       if "/tower_" not in v.op.name)
+    graph = tf.compat.v1.get_default_graph()
+    # A slot sharded over the workers is on its owner only: described by its shard.
+    sharded = slot_shards.sharded_names(graph)
+    variables = sorted([(v.op.name, str(v.shape), v.dtype.base_dtype.name)
+                        for v in tf.compat.v1.global_variables()
+                        if "/tower_" not in v.op.name and v.op.name not in sharded]
+                       + [(s.name, str(s.shape), s.dtype.name)
+                          for s in graph.get_collection(slot_shards.SHARDS)])
     digest = hashlib.sha256(json.dumps(variables).encode()).hexdigest()[:12]
     items = {"number of towers": str(len(train_graph.devices)),
              "model variables": f"{len(variables)} variables (digest {digest})"}

@@ -49,6 +49,7 @@ from towerlib.run import trainer as trainer_lib
 from towerlib.step import inputs as inputs_lib
 from towerlib.step.build import build_train_graph
 from towerlib.step.train_graph import TrainGraph
+from towerlib.update import slot_shards
 from towerlib.update.replicated import Replicated
 
 __all__ = ["AllReduceTrainGraph", "WorkerLostError", "build_allreduce_train_graph",
@@ -147,7 +148,7 @@ def wait_for_workers(cluster, timeout_secs, poll_secs=0.5):
 
 def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs,
                         chief_decides=False):
-    """The checkpoint prefix this worker restores (None: start afresh).
+    """(the agreed global step, the prefix this worker restores); None: start afresh.
 
     The steps every worker has are exchanged in one all-gather; the chosen
     step is the newest the chief and every worker share, else the chief's
@@ -174,6 +175,11 @@ def agree_on_checkpoint(cluster, server, session_config, own_dir, timeout_secs,
             rows = session.run(gathered).reshape([workers, _AGREEMENT_STEPS])
     step = choose_resume_step([[int(s) for s in r if s >= 0] for r in rows],
                               chief_decides)
+    return step, _own_prefix(step, own, own_dir, cluster, chief_decides)
+
+
+def _own_prefix(step, own, own_dir, cluster, chief_decides):
+    """This worker's checkpoint of the agreed `step` (None: it restores nothing)."""
     if step is None:
         return None
     if step not in own and chief_decides:
@@ -215,8 +221,10 @@ class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
     """Runs the chief's broadcast once each session is ready, before the first step,
     then restarts the inputs whose position the broadcast set (global_batch_input)."""
 
-    def __init__(self, broadcast_op):
+    def __init__(self, broadcast_op, slot_fill=None, chief_prefix=""):
         self._broadcast_op = broadcast_op
+        self._slot_fill = slot_fill    # (op, prefix placeholder) when the chief resumed
+        self._chief_prefix = chief_prefix or ""
         self._input_initializers = []
 
     def begin(self):
@@ -225,6 +233,9 @@ class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         del coord
+        if self._slot_fill is not None:   # the owners' slots from the chief's checkpoint
+            fill, prefix = self._slot_fill
+            session.run(fill, {prefix: self._chief_prefix})
         if self._broadcast_op is not None:  # None: a job of one worker
             session.run(self._broadcast_op)
             if self._input_initializers:
@@ -350,7 +361,7 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
     own_dir = worker_train_dir(train_dir, cluster)
     tf.io.gfile.makedirs(own_dir)
     try:
-        restore_from = agree_on_checkpoint(
+        step, restore_from = agree_on_checkpoint(
             cluster, server, graph.session_config, own_dir, startup_timeout_secs,
             chief_decides=chief_decides)
     except _LOST_PEER_ERRORS:
@@ -365,8 +376,14 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
     if not cluster.is_chief:
         run_kwargs.update(save_summaries_steps=None, trace_steps=())
     deadline = replica_watch.StepDeadlineHook(step_deadline_secs)
-    all_hooks = [_BroadcastAtStart(graph.train_graph.broadcast_op), *graph.hooks, *hooks,
-                 deadline]
+    tf_graph = graph.train_graph.train_op.graph
+    slot_fill = slot_shards.fill_of(tf_graph)
+    if slot_fill is not None:
+        slot_shards.install_whole_saver(tf_graph)
+    start = _BroadcastAtStart(graph.train_graph.broadcast_op,
+                              slot_fill if step is not None else None,
+                              restore_from if cluster.is_chief else "")
+    all_hooks = [start, *graph.hooks, *hooks, deadline]
     try:
         return trainer_lib.run_training(
             graph.train_graph, train_dir=own_dir, max_steps=max_steps, hooks=all_hooks,

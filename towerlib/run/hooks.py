@@ -23,6 +23,7 @@ from towerlib.exchange import safety
 from towerlib.precision import loss_scaling
 from towerlib.precision.guards import NonFiniteError
 from towerlib.run import checkpoints
+from towerlib.update import slot_shards
 
 logger = logging.getLogger("towerlib")
 
@@ -266,7 +267,9 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
     """Saves with a CheckpointWriter every N steps or seconds, and at the end.
 
     Saves once right after the session is created (unless that step already
-    has a checkpoint, as after a restore), and at `end`, which
+    has a checkpoint, as after a restore; with slots sharded over workers, whose
+    every save is an exchange all workers join, only at step 0, and a step saved
+    before is saved over: towerlib.update.slot_shards), and at `end`, which
     MonitoredSession calls only when training stops without an exception:
     a step that raised (e.g. a non-finite loss) is never saved. Put this hook
     after every hook that can raise, so that a check failing in `after_run`
@@ -304,6 +307,7 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
             raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
                                "with tf.compat.v1.train.get_or_create_global_step().")
         self._finite = _finite_flags(tf.compat.v1.global_variables())
+        self._together = bool(slot_shards.saveables_of(tf.compat.v1.get_default_graph()))
 
     def _save(self, session, step):
         """Saves `step` unless a variable is NaN or Inf (then NonFiniteError)."""
@@ -317,7 +321,7 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
                     step, [f"the variable {bad[0]} holds NaN or Inf{more}: the "
                            f"checkpoint of step {step} was not saved"],
                     applied=True, last_checkpoint=self.writer.latest)
-        self.writer.save(session, step)
+        self.writer.save(session, step, replace=self._together)
 
     def after_create_session(self, session, coord):
         saver = self._scaffold.saver if self._scaffold is not None else None
@@ -330,7 +334,8 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
             saver = savers[0]
         self.writer = checkpoints.CheckpointWriter(saver, self._train_dir, **self._writer_options)
         step = int(session.run(self._global_step))
-        self._save(session, step)
+        if not (self._together and step > 0):
+            self._save(session, step)
         self._timer.update_last_triggered_step(step)
 
     def before_run(self, run_context):

@@ -34,7 +34,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from towerlib.batchnorm import normalization, worker_statistics
-from towerlib.update import broadcast
+from towerlib.update import broadcast, slot_shards
 
 __all__ = ["FIXED_SUMS", "ONE_MACHINE", "AcrossWorkers", "OneMachine", "WorkerRiders",
            "WorkerSums", "worker_step"]
@@ -116,10 +116,22 @@ class AcrossWorkers(OneMachine):
         fixed sums."""
         train_op = tf.group(train_op, losses.loss, name="train_op_across_workers")
         self._reducer.start_separate_run()  # run once at start, never with a step
+        # Slots sharded over the workers are each one worker's: not broadcast.
+        shards = getattr(variable_update, "slots_over_workers", ())
+        sharded = {shard.name for shard in shards}
         broadcast_op = tf.group(
             broadcast.broadcast_from_chief(
-                self._reducer, tf.compat.v1.global_variables(), variable_update.copies),
+                self._reducer, [v for v in tf.compat.v1.global_variables()
+                                if v.op.name not in sharded], variable_update.copies),
             self.sums.start_op())
+        if shards:   # their gather for every save, and their refill at a restart
+            chunk_bytes = broadcast.DEFAULT_CHUNK_BYTES
+            self._reducer.start_separate_run()
+            with tf.name_scope("slots_for_saving"):
+                slot_shards.saveables(self._reducer, shards, chunk_bytes)
+            self._reducer.start_separate_run()
+            with tf.name_scope("slots_from_chief"):
+                slot_shards.fill_op(self._reducer, shards, chunk_bytes)
         return train_op, broadcast_op
 
 

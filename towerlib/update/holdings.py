@@ -12,7 +12,8 @@
   (each tower differentiates its own copies, or the shared variables).
 
 Under Replicated() every tower holds all slots; with shard_update=True 1/N of
-them, give or take one variable (towerlib.update.sharded).
+them, give or take one variable, and across W workers 1/(W x N)
+(towerlib.update.sharded).
 """
 
 import collections

@@ -50,7 +50,7 @@ class Replicated(UpdateChoice):
       wire_dtype: None or 'float32' (as computed), 'bfloat16' or 'float16'.
       shard_update: each weight's optimizer update (and its slots) on one owner
         tower only, the result copied to the others (towerlib.update.sharded);
-        across workers, an owner among each worker's own towers.
+        across workers, one owner among every tower of every worker.
     """
 
     pack_bytes: int = DEFAULT_PACK_BYTES

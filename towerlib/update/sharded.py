@@ -32,15 +32,14 @@ owner's device, and is saved: a sharded checkpoint restores into an unsharded
 run and back, onto any number of towers (the owners are recomputed; a slot is
 one variable by name, wherever it lives).
 
-Across workers the shards are each worker's own: the owners are among its N
-towers, the gradients cross between workers through the build's exchange as
-under Replicated() (every local tower can read every sum; only the owner does),
-and each worker applies every weight's update once, on its owner tower. So each
-of a worker's N devices holds 1/N of the slots, and every worker holds all of
-them once: its checkpoint is whole, and restores onto any topology as an
-unsharded one does. Sharding the slots over the workers too would leave each
-worker's checkpoint a part of the state, which an elastic restart onto another
-number of workers could not read back.
+Across workers the owners are among every tower of every worker (W x N members),
+so each holds 1/(W x N) of the slots. The gradients cross between workers through
+the build's exchange as under Replicated() (every local tower can read every sum;
+only the owner applies it), and after the apply one more exchange hands every copy
+its owner's new value (the owner sends it, every other member zeros: x + 0 = x).
+Each worker's checkpoint stays whole: every save gathers each slot from its owner,
+and a restart refills the owners from the chief's checkpoint
+(towerlib.update.slot_shards).
 """
 
 from typing import Dict
@@ -49,6 +48,7 @@ import tensorflow as tf
 
 from towerlib.update import allreduce
 from towerlib.update import copies as variable_copies
+from towerlib.update import slot_shards
 from towerlib.update.base import CombinedGradients
 from towerlib.update.replicated import ReplicatedUpdate, warn_missing_gradients
 
@@ -82,9 +82,15 @@ class ShardedUpdate(ReplicatedUpdate):
 
     def __init__(self, num_towers, reducer, pack_bytes, wire_dtype=None):
         super().__init__(num_towers, reducer, pack_bytes, wire_dtype)
-        self.owners: Dict[str, int] = {}  # plain name -> owner tower, set by combine
-        # Across workers the exchange spans more members than this process's towers.
+        self.owners: Dict[str, int] = {}  # plain name -> owner member, set by combine
+        # Across workers the exchange spans more members than this process's towers,
+        # and the owners are among all of them: member m is worker m // N's tower m % N.
         self._spans_workers = reducer is not None and reducer.group_size > num_towers
+        self._members = reducer.group_size if self._spans_workers else num_towers
+        self._first_member = reducer.member(0) if self._spans_workers else 0
+        self._updated = []   # (tower 0's variable, owner member) with a sum, in order
+        self._exchanged_only = []   # across workers: the sums this worker does not apply
+        self.slots_over_workers = ()   # SlotShard per slot, across workers (apply)
 
     def combine(self, tower_grads_and_vars, riders=None):
         """Each weight's gradients summed on its owner tower, and only there.
@@ -97,9 +103,14 @@ class ShardedUpdate(ReplicatedUpdate):
         concatenates the towers' rows in tower order, as Replicated() gathers them.
         """
         tower_0 = tower_grads_and_vars[0]
-        self.owners = owners_by_bytes({v.op.name: _bytes_of(v) for _, v in tower_0},
-                                      self._copies.num_towers)
-        owner_of = [self.owners[v.op.name] for _, v in tower_0]
+        self.owners = owners_by_bytes({v.op.name: _bytes_of(v) for g, v in tower_0
+                                       if g is not None}, self._members)
+        self._updated = [(v, self.owners[v.op.name]) for g, v in tower_0 if g is not None]
+        if self._spans_workers:
+            _check_every_worker_owns(self.owners, self._copies.num_towers,
+                                     self._members // self._copies.num_towers)
+        # The local tower owning each position (None: a tower of another worker).
+        owner_of = [self._local_tower(self.owners.get(v.op.name)) for _, v in tower_0]
         if self._spans_workers or riders is not None:
             return self._owned_of_every_sum(tower_grads_and_vars, owner_of, riders)
         warn_missing_gradients(tower_0)
@@ -128,6 +139,7 @@ class ShardedUpdate(ReplicatedUpdate):
         local tower), of which each tower keeps the pairs it owns."""
         combined = super().combine(tower_grads_and_vars, riders)
         sums = {}   # position -> the owner's summed gradient
+        self._exchanged_only = []   # sums no local apply reads: their exchange must run
         for tower, pairs in enumerate(combined.per_copy):
             position_of = {id(variable): position for position, (_, variable)
                            in enumerate(tower_grads_and_vars[tower])}
@@ -135,6 +147,10 @@ class ShardedUpdate(ReplicatedUpdate):
                 position = position_of[id(variable)]
                 if owner_of[position] == tower:
                     sums[position] = gradient
+                else:
+                    self._exchanged_only.append(
+                        gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient)
+        first_sums = {id(variable): gradient for gradient, variable in combined.per_copy[0]}
         per_tower = [[] for _ in tower_grads_and_vars]
         owned = []
         for position, (_, variable) in enumerate(tower_grads_and_vars[0]):
@@ -143,7 +159,16 @@ class ShardedUpdate(ReplicatedUpdate):
                 per_tower[owner].append(
                     (sums[position], tower_grads_and_vars[owner][position][1]))
                 owned.append((sums[position], variable))
+            elif id(variable) in first_sums:   # owned by another worker's tower
+                owned.append((first_sums[id(variable)], variable))
         return CombinedGradients(per_tower, riders=combined.riders, owned=owned)
+
+    def _local_tower(self, member):
+        """This worker's tower that is group member `member`, or None."""
+        if member is None:
+            return None
+        tower = member - self._first_member
+        return tower if 0 <= tower < self._copies.num_towers else None
 
     def apply(self, optimizer, pairs, global_step):
         """The owners' apply, then every other copy set to its owner's new value."""
@@ -152,8 +177,48 @@ class ShardedUpdate(ReplicatedUpdate):
                                          auxiliary_name_scope=False):
             apply_op = optimizer.apply_gradients(pairs, global_step=global_step)
         with tf.control_dependencies([apply_op]), tf.name_scope("gather_updated_shards"):
-            gathers = self._gathers([variable for _, variable in pairs])
-        return tf.group(apply_op, *gathers, name="sharded_apply")
+            if self._spans_workers:
+                gathers = self._gathers_across_workers()
+                self.slots_over_workers = slot_shards.describe(
+                    optimizer, self._updated, self._copies.num_towers, self._first_member,
+                    self._copies.copies_of)
+            else:
+                gathers = self._gathers([variable for _, variable in pairs])
+        # Each tower's half of every exchange runs, the sums it does not apply too: a
+        # collective that one member prunes leaves the others waiting.
+        return tf.group(apply_op, *gathers, *self._exchanged_only, name="sharded_apply")
+
+    def _gathers_across_workers(self):
+        """Every copy of every updated weight set to its owner's new value.
+
+        One all-reduce through the build's exchange: the owner tower sends its
+        copy's value, every other member of the group zeros, so each tower
+        receives the owner's value exactly (x + 0 = x). Each non-owner copy is
+        assigned it. Run after the apply (the caller's control dependency).
+        """
+        contributions = []
+        for tower in range(self._copies.num_towers):
+            member = self._first_member + tower
+            sent = []
+            with tf.device(self._reducer.devices[tower]):
+                for variable, owner in self._updated:
+                    copy = self._copies.copies_of(variable.op.name)[tower]
+                    sent.append(copy.read_value() if owner == member
+                                else tf.zeros(copy.shape, copy.dtype.base_dtype))
+            contributions.append(sent)
+        received = allreduce.allreduce_gradients(self._reducer, contributions,
+                                                 self._pack_bytes)
+        assigns = []
+        for tower, values in enumerate(received):
+            member = self._first_member + tower
+            for (variable, owner), value in zip(self._updated, values):
+                if owner != member:
+                    copy = self._copies.copies_of(variable.op.name)[tower]
+                    with tf.device(copy.device):
+                        assigns.append(copy.assign(value, read_value=False))
+                else:   # the owner's half of the exchange runs, its result unread
+                    assigns.append(value.op)
+        return assigns
 
     def _gathers(self, updated):
         """Every other copy of each updated copy assigned its value, on its own device."""
@@ -180,6 +245,17 @@ class ShardedUpdate(ReplicatedUpdate):
     def sync_op(self):
         """Copies tower 0's weights into every other tower's copies (after a restore)."""
         return self._copies.sync_op()
+
+
+def _check_every_worker_owns(owners, num_towers, num_workers):
+    """Refuses a build in which some worker would own no variable (no apply there)."""
+    owning = {member // num_towers for member in owners.values()}
+    if len(owning) < num_workers:
+        raise ValueError(
+            f"Replicated(shard_update=True) shards the optimizer over {num_workers} "
+            f"workers x {num_towers} towers, and the model trains {len(owners)} "
+            "variables: some worker would own none. Fix: train on fewer workers or "
+            "towers, or use Replicated() for this model.")
 
 
 def _gather_sparse_on_owners(gradients, owner_of, devices):

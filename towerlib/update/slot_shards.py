@@ -1,0 +1,250 @@
+"""Optimizer slots sharded over workers: what each saves, and how a restart refills them.
+
+With Replicated(shard_update=True) across W workers x N towers, each of the W x N
+towers owns 1/(W x N) of the weights and alone holds their slots (Adam's m and v),
+under the plain names an unsharded run saves ('w/Adam'). A worker therefore holds
+only its towers' slots, yet every worker's checkpoint must stay whole: an elastic
+restart onto another number of workers reads any slot from the chief's.
+
+- Saving: each slot is saved through a TensorSaveable whose value is gathered from
+  its owner (an all-reduce of the owner's value and every other member's zeros),
+  so every worker's Saver writes every slot, as PyTorch's ZeroRedundancyOptimizer
+  consolidates its state before a save. The whole slot state is in this process
+  only while the save runs, and every worker must save at the same steps (they
+  do: across workers checkpoints are saved every save_checkpoint_steps).
+- Restoring: a worker's Saver restores the slots it owns and reads past the rest.
+- Restarting: `fill_op` sets every owner's slots to the chief's checkpoint (read
+  by the chief, sent in buffers of at most `chunk_bytes`, one after another), for
+  the workers that restored nothing or own other slots than before.
+
+    shards = describe(optimizer, updated, num_towers, first_member, copies_of)
+    savers_list = saveables(reducer, shards)            # after the step's calls
+    fill, prefix = fill_op(reducer, shards)            # session.run(fill, {prefix: p})
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+import tensorflow as tf
+
+from towerlib.internals import saveables as saveables_lib
+from towerlib.update import allreduce
+
+__all__ = ["SlotShard", "describe", "fill_op", "fill_of", "install_whole_saver", "saveables",
+           "saveables_of", "sharded_names"]
+
+# Graph collections: the SlotShards, their saveables, and the (fill op, prefix) pair.
+SHARDS = "towerlib_slots_over_workers"
+SAVEABLES = "towerlib_slots_over_workers_saveables"
+FILL = "towerlib_slots_over_workers_fill"
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotShard:
+    """One slot of one weight, as every worker sees it.
+
+    Attributes:
+      name: its name in a checkpoint ('w/Adam'), the same on every worker.
+      shape, dtype: its shape and dtype (the weight's).
+      owner: the group member holding it (member m: worker m // N, tower m % N).
+      variable: the slot variable on this worker, or None (another worker owns it).
+    """
+
+    name: str
+    shape: tf.TensorShape
+    dtype: tf.DType
+    owner: int
+    variable: Optional[tf.Variable]
+
+
+def describe(optimizer, updated, num_towers, first_member, copies_of) -> Tuple[SlotShard]:
+    """Every slot of every updated weight, this worker's owned ones with their variable.
+
+    Args:
+      optimizer: the tf.compat.v1 optimizer, after its apply built the slots.
+      updated: (tower 0's variable, owner member) per weight with a gradient.
+      num_towers, first_member: this worker's towers and its tower 0's member.
+      copies_of: plain name -> every local tower's copy.
+
+    A weight owned elsewhere has no slot here: its slots' names, shapes and dtypes
+    follow those of the weights this worker owns ('<weight>/Adam', '<weight>/Adam_1',
+    shaped like the weight), which holds for every optimizer whose slots are one
+    per weight and shaped like it (tf.compat.v1's, LARS, LAMB); others are refused.
+    """
+    template, example = None, None
+    local = {}
+    for variable, owner in updated:
+        tower = owner - first_member
+        if not 0 <= tower < num_towers:
+            continue
+        copy = copies_of(variable.op.name)[tower]
+        slots = [optimizer.get_slot(copy, n) for n in optimizer.get_slot_names()]
+        found = _slot_suffixes(variable, [s for s in slots if s is not None])
+        if template is None:
+            template, example = found, variable.op.name
+        elif [(s, d) for s, d, _ in found] != [(s, d) for s, d, _ in template]:
+            raise ValueError(
+                f"Replicated(shard_update=True) across workers needs the same slots for "
+                f"every weight; {type(optimizer).__name__} made "
+                f"{[s for s, _, _ in template]} for {example} and "
+                f"{[s for s, _, _ in found]} for {variable.op.name}. Fix: "
+                "Replicated(shard_update=False) with this optimizer.")
+        local.update({f"{variable.op.name}/{suffix}": slot for suffix, _, slot in found})
+    shards = []
+    for variable, owner in updated:
+        for suffix, dtype, _ in template or ():
+            name = f"{variable.op.name}/{suffix}"
+            shards.append(SlotShard(name, variable.shape, dtype, owner, local.get(name)))
+    for shard in shards:
+        tf.compat.v1.add_to_collection(SHARDS, shard)
+    return tuple(shards)
+
+
+def _slot_suffixes(variable, slots):
+    """[(suffix, dtype, slot)] of a weight's slots, refusing one not shaped like it."""
+    found = []
+    for slot in slots:
+        prefix = variable.op.name + "/"
+        if not slot.op.name.startswith(prefix) or slot.shape != variable.shape:
+            raise ValueError(
+                f"Replicated(shard_update=True) across workers shards slots named and "
+                f"shaped like their weight; {slot.op.name} {slot.shape} is not, for "
+                f"{variable.op.name} {variable.shape}. Fix: "
+                "Replicated(shard_update=False) with this optimizer.")
+        found.append((slot.op.name[len(prefix):], slot.dtype.base_dtype, slot))
+    return found
+
+
+def saveables(reducer, shards, chunk_bytes):
+    """Per slot a TensorSaveable: its whole value, gathered from its owner when saved.
+
+    Every local tower takes part in each gather (the owner's tower sends the slot,
+    every other member zeros); the saved tensor is tower 0's result, after every
+    local tower's half ran. Restoring assigns the slots this worker owns.
+    """
+    result = []
+    for number, group in enumerate(_groups(shards, chunk_bytes)):
+        received = _from_members(reducer, group, lambda shard, tower: _owned_value(
+            shard, reducer, tower), f"slots_for_saving_{number}")
+        others = [value.op for values in received[1:] for value in values]
+        with tf.device(reducer.devices[0]), tf.control_dependencies(others):
+            for shard, value in zip(group, received[0]):
+                result.append(saveables_lib.TensorSaveable(
+                    tf.identity(value), shard.name, _restore_fn(shard)))
+    for saveable in result:
+        tf.compat.v1.add_to_collection(SAVEABLES, saveable)
+    return result
+
+
+def fill_op(reducer, shards, chunk_bytes):
+    """(op, prefix placeholder): every owner's slots set to those in the chief's `prefix`.
+
+    The chief reads each buffer's slots from its checkpoint (RestoreV2); every other
+    member sends zeros; the owner assigns the sum. Buffers go one after another, so
+    at most about `chunk_bytes` (or one slot) is in transit. Every worker runs it,
+    at the same start, when the chief restored a checkpoint.
+    """
+    prefix = tf.compat.v1.placeholder_with_default("", [], name="slot_fill_prefix")
+    done = []
+    for number, group in enumerate(_groups(shards, chunk_bytes)):
+        with tf.control_dependencies(done):
+            restored = _read_on_chief(reducer, group, prefix)
+            received = _from_members(
+                reducer, group, lambda shard, tower: restored[shard.name]
+                if restored and reducer.member(tower) == 0 else _zeros(shard),
+                f"slots_from_chief_{number}")
+            done = []
+            for tower, values in enumerate(received):
+                for shard, value in zip(group, values):
+                    if shard.variable is not None and reducer.member(tower) == shard.owner:
+                        done.append(shard.variable.assign(value, read_value=False))
+                    else:
+                        done.append(value.op)
+    op = tf.group(*done, name="slots_from_chief")
+    tf.compat.v1.add_to_collection(FILL, (op, prefix))
+    return op, prefix
+
+
+def install_whole_saver(graph):
+    """Puts in `graph`'s SAVERS the run's Saver (which a Scaffold then uses): each slot
+    sharded over the workers saved whole (its saveable), the slot variables this
+    worker holds left out. Nothing if a Saver is there already (the user's own)."""
+    with graph.as_default():
+        if graph.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+            return
+        sharded = sharded_names(graph)
+        var_list = ([v for v in tf.compat.v1.global_variables() if v.op.name not in sharded]
+                    + graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+                    + saveables_of(graph))
+        saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True, allow_empty=True)
+        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
+
+
+def sharded_names(graph):
+    """The names of the slots sharded over workers in `graph` (a set; empty if none)."""
+    return {shard.name for shard in graph.get_collection(SHARDS)}
+
+
+def saveables_of(graph):
+    """The slots' TensorSaveables in `graph` (what the Saver must save instead of them)."""
+    return list(graph.get_collection(SAVEABLES))
+
+
+def fill_of(graph):
+    """(fill op, prefix placeholder) of `graph`, or None."""
+    found = graph.get_collection(FILL)
+    return found[0] if found else None
+
+
+def _groups(shards, chunk_bytes):
+    """The shards in buffers of at most `chunk_bytes`, one dtype each, in order."""
+    by_dtype = {}
+    for shard in shards:
+        by_dtype.setdefault(shard.dtype, []).append(shard)
+    for group in by_dtype.values():
+        specs = [tf.TensorSpec(s.shape, s.dtype) for s in group]
+        for indices in allreduce.pack_groups(specs, chunk_bytes):
+            yield [group[i] for i in indices]
+
+
+def _from_members(reducer, group, value_of, name):
+    """Per local tower, the sums over the group of `value_of(shard, tower)`."""
+    received = []
+    for tower in range(reducer.num_towers):
+        with tf.device(reducer.devices[tower]):
+            sent = [value_of(shard, tower) for shard in group]
+        received.append(reducer.sum(sent, tower_index=tower, differentiable=False,
+                                    name=name))
+    return received
+
+
+def _owned_value(shard, reducer, tower):
+    if shard.variable is not None and reducer.member(tower) == shard.owner:
+        return shard.variable.read_value()
+    return _zeros(shard)
+
+
+def _zeros(shard):
+    return tf.zeros(shard.shape, shard.dtype)
+
+
+def _read_on_chief(reducer, group, prefix):
+    """{name: the slot read from `prefix`} on the chief's tower 0 host, else {}."""
+    if reducer.member(0) != 0:
+        return {}
+    host = tf.DeviceSpec.from_string(reducer.devices[0]).replace(device_type="CPU",
+                                                                 device_index=0)
+    with tf.device(host.to_string()):
+        values = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[s.name for s in group],
+                                      shape_and_slices=[""] * len(group),
+                                      dtypes=[s.dtype for s in group])
+        return {s.name: tf.reshape(v, s.shape) for s, v in zip(group, values)}
+
+
+def _restore_fn(shard):
+    def restore(value):
+        if shard.variable is None:
+            return tf.no_op()
+        with tf.device(shard.variable.device):
+            return shard.variable.assign(tf.reshape(value, shard.shape), read_value=False)
+    return restore
