@@ -16,9 +16,9 @@ reads from the graph. Reported: each configuration's medians, and sharded / unsh
 
 runs each measurement as --workers worker processes on 127.0.0.1 (free ports, no ps
 task, towerlib.cluster), each with --towers towers and its share of the batch: the
-sharded update across workers, where each worker shards its slots over its own
-towers. Reported: the chief's median step, and the largest peak resident set of the
-workers.
+sharded update across workers, whose slots are sharded over every tower of every
+worker. Reported: the chief's median step, and the largest peak resident set of the
+workers (nothing is saved: a save would gather the slots, towerlib.update.slot_shards).
 
     python bench/bench_sharded_update.py --traffic
 

@@ -17,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 @pytest.mark.parametrize("workers, towers, slot_share", [
     (1, 4, (0.2, 0.3)),    # 4 equal layers over 4 towers, and a head
-    (2, 2, (0.45, 0.55)),  # each worker's slots over its own 2 towers
+    (2, 2, (0.2, 0.3)),    # over the 4 towers of both workers
+    (2, 1, (0.45, 0.55)),  # 1 tower per worker: each worker holds half the slots
 ])
 def test_a_tiny_run_reports_every_ratio(workers, towers, slot_share):
     env = dict(os.environ, PYTHONPATH=helpers.python_path(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
