@@ -39,7 +39,8 @@ def chosen_update_ops(towers, records, bn_mode, shared=None):
 
 
 def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step, *,
-                ema_decay, var_list, loss_scale, losses, shared_statistics=None):
+                ema_decay, var_list, loss_scale, losses, shared_statistics=None,
+                every_sum=None):
     """(train op, the update ops it waits for, the ExponentialMovingAverage or None).
 
     Args:
@@ -55,6 +56,9 @@ def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step,
       shared_statistics: across workers, {layer: per local tower (mean,
         variance)} every worker shares, exchanged outside float16's skip (it
         runs whether or not the step applies); None on one machine.
+      every_sum: the step's summed gradients, each variable's once, on which the
+        loss scale decides to skip (None: those of `pairs`). Sharded over workers,
+        `pairs` are this worker's only, and every worker must decide alike.
     """
     built = {}
     shared = shared_statistics
@@ -74,7 +78,7 @@ def build_apply(optimizer, update, pairs, towers, records, bn_mode, global_step,
     if loss_scale is None:
         train_op = step()
     else:
-        gradients = [g for g, _ in pairs]
+        gradients = [g for g, _ in pairs] if every_sum is None else list(every_sum)
         losses_finite = tf.reduce_all(tf.stack([tf.math.is_finite(loss) for loss in losses]))
         train_op = loss_scale.apply_or_skip(
             loss_scale.all_finite(gradients), step, loss_is_finite=losses_finite)

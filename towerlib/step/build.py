@@ -263,7 +263,8 @@ def _apply(optimizer, setting, objective, gradients):
         gradients.records, options.bn_mode, setting.global_step,
         ema_decay=options.ema_decay, var_list=gradients.var_list,
         loss_scale=setting.loss_scale, losses=crossing.decided_on(losses, objective),
-        shared_statistics=crossing.moving_statistics(gradients.records, combined))
+        shared_statistics=crossing.moving_statistics(gradients.records, combined),
+        every_sum=[g for g, _ in combined.reported])
     _check_exchanges(reducer)  # an exchange of the moving statistics of their own
     return _Applied(train_op, update_ops, ema, losses, combined, norm)
 
