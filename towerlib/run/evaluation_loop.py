@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from towerlib.run import checkpoint_state, checkpoints, folder_lock, moving_statistics, run_entries
+from towerlib.update import slot_shards
 
 logger = logging.getLogger("towerlib")
 
@@ -314,7 +315,9 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
             self._best_writer = checkpoints.CheckpointWriter(
                 self._scaffold.saver, os.path.join(self._train_dir, BEST_DIRNAME), max_to_keep=1,
                 write_meta_graph=False)
-        self._best_writer.save(session, step)
+        # Slots sharded over workers: every worker's save joins the same exchange.
+        self._best_writer.save(session, step,
+                               replace=bool(slot_shards.saveables_of(session.graph)))
 
     def _should_stop(self, session, step):
         patience = self._evaluation.patience
