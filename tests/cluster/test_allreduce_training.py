@@ -63,7 +63,7 @@ CASES = [
     # Batch sizes known only when the step runs: the examples are counted every step
     # (static ones are counted once, at start).
     (2, 2, "sync", "momentum", 1, "dynamic"),
-    # Replicated(shard_update=True): each worker's slots sharded over its 2 towers.
+    # Replicated(shard_update=True): the slots sharded over the 4 towers of both workers.
     (2, 2, "sync", "adam", 1, "sharded"),
     (2, 2, "all_towers", "momentum", 2, "sharded"),
 ]

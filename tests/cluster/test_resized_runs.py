@@ -103,7 +103,11 @@ def test_a_resized_run_continues_the_uninterrupted_one(processes, tmp_path, befo
 
 
 @pytest.mark.half_precision
-def test_float16_and_evaluation_state_continue_on_another_topology(processes, tmp_path):
+@pytest.mark.parametrize("shard_update", [False, True], ids=["replicated", "sharded"])
+def test_float16_and_evaluation_state_continue_on_another_topology(processes, tmp_path,
+                                                                   shard_update):
+    # Sharded, the update (in float16's skip, decided on every sum) and the best
+    # checkpoint's saves (which every worker joins) run across the 2 workers too.
     # The loss scale and the early-stopping state (best value, its step, evaluations
     # since) are variables every checkpoint saves and the chief broadcasts. A float32
     # tolerance although the towers compute in float16: both runs give each tower the
@@ -111,7 +115,7 @@ def test_float16_and_evaluation_state_continue_on_another_topology(processes, tm
     # only the float32 sums across towers and workers are ordered differently (2**-24 per
     # addition, far below 1e-5 at these magnitudes).
     gap = largest_gap(processes, tmp_path, (2, 2, 1), (1, 4, 1), float16=True,
-                      evaluate=True)
+                      evaluate=True, shard_update=shard_update)
     assert gap < 1e-5
 
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 import towerlib
 from tests import helpers
 from tests.update.test_replicated import run
+from towerlib.internals import saver_names
 from towerlib.update import sharded, slot_shards
 
 SHARDED = towerlib.Replicated(shard_update=True)
@@ -207,7 +208,7 @@ def test_across_workers_each_slot_is_held_by_one_owner_among_every_workers_tower
             tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
             update=SHARDED, workers=towerlib.WorkerGroup(2, 1))
         variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
-        shards = graph.get_collection(slot_shards.SHARDS)
+        shards = slot_shards.shards_of(graph)
         saved = [s.name for s in slot_shards.saveables_of(graph)]
     weights = sorted({name.rsplit("/", 1)[0] for name in (s.name for s in shards)})
     assert len(weights) >= 4, weights
@@ -221,6 +222,58 @@ def test_across_workers_each_slot_is_held_by_one_owner_among_every_workers_tower
         assert (shard.variable is not None) == here, shard
         if here:   # on its owner tower's device: tower owner - 2 of this worker
             assert variables[shard.name].device.endswith(f"CPU:{shard.owner - 2}"), shard
+
+
+def _sharded_over_workers(tower_fn, workers=2, towers=2):
+    """A graph built as worker 0 of `workers`, Adam, sharded; (graph, TrainGraph)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        images, labels = helpers.image_batch(8)
+        train = towerlib.build_train_graph(
+            tower_fn, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(towers),
+            update=SHARDED, workers=towerlib.WorkerGroup(workers, 0))
+    return graph, train
+
+
+def test_across_workers_a_worker_that_would_own_no_variable_is_refused():
+    def one_weight(inputs, ctx):
+        del ctx
+        images, labels = inputs
+        logits = tf.reshape(images, [-1, 72])[:, :3] * tf.compat.v1.get_variable(
+            "scale", [], initializer=tf.compat.v1.ones_initializer())
+        return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=logits))
+    with pytest.raises(ValueError, match="some worker would own none"):
+        _sharded_over_workers(one_weight)
+
+
+def test_across_workers_a_saver_of_ones_own_is_refused_before_it_saves_a_part():
+    graph, _ = _sharded_over_workers(helpers.conv_dense_model)
+    with graph.as_default():   # where a Scaffold finds the Saver to save with
+        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, tf.compat.v1.train.Saver())
+    with pytest.raises(ValueError, match="would save only the optimizer slots this worker"):
+        slot_shards.install_whole_saver(graph)
+
+
+def test_across_workers_the_run_saver_saves_every_slot_by_its_plain_name():
+    graph, _ = _sharded_over_workers(helpers.conv_dense_model)
+    slot_shards.install_whole_saver(graph)
+    saver, = graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+    names = sorted(saver_names.saver_names(saver._var_list))
+    assert sorted(slot_shards.sharded_names(graph)) == [n for n in names if "/Adam" in n]
+    assert "beta1_power" in names and "global_step" in names
+
+
+def test_across_workers_a_checkpoint_without_the_slots_is_refused_for_the_refill(tmp_path):
+    graph, _ = _sharded_over_workers(helpers.conv_dense_model)
+    with tf.Graph().as_default():   # the weights only: saved by a run with plain SGD
+        weights = [tf.compat.v1.get_variable(n, [1]) for n in ("conv1/weights", "fc1/weights")]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            prefix = tf.compat.v1.train.Saver(weights).save(session, str(tmp_path / "sgd"))
+    with pytest.raises(ValueError, match=r"has no .*/Adam.*optimizer slots missing"):
+        slot_shards.check_holds_every_slot(graph, prefix)
 
 
 TRUST_RATIO = {

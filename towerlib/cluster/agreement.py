@@ -84,7 +84,7 @@ def describe_step(train_graph, optimizer, build_options):
                         for v in tf.compat.v1.global_variables()
                         if "/tower_" not in v.op.name and v.op.name not in sharded]
                        + [(s.name, str(s.shape), s.dtype.name)
-                          for s in graph.get_collection(slot_shards.SHARDS)])
+                          for s in slot_shards.shards_of(graph)])
     digest = hashlib.sha256(json.dumps(variables).encode()).hexdigest()[:12]
     items = {"number of towers": str(len(train_graph.devices)),
              "model variables": f"{len(variables)} variables (digest {digest})"}

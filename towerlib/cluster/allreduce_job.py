@@ -217,9 +217,10 @@ def choose_resume_step(steps_per_worker, chief_decides=False):
     return max(steps_per_worker[0], default=None)
 
 
-class _BroadcastAtStart(tf.compat.v1.train.SessionRunHook):
-    """Runs the chief's broadcast once each session is ready, before the first step,
-    then restarts the inputs whose position the broadcast set (global_batch_input)."""
+class _StartFromChief(tf.compat.v1.train.SessionRunHook):
+    """Once each session is ready, before the first step: the slots sharded over the
+    workers refilled from the chief's checkpoint (when it resumed), the chief's
+    broadcast, then the inputs whose position the broadcast set restarted."""
 
     def __init__(self, broadcast_op, slot_fill=None, chief_prefix=""):
         self._broadcast_op = broadcast_op
@@ -379,8 +380,10 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
     tf_graph = graph.train_graph.train_op.graph
     slot_fill = slot_shards.fill_of(tf_graph)
     if slot_fill is not None:
-        slot_shards.install_whole_saver(tf_graph)
-    start = _BroadcastAtStart(graph.train_graph.broadcast_op,
+        slot_shards.install_whole_saver(tf_graph, run_kwargs.get("scaffold"))
+        if cluster.is_chief and restore_from is not None:
+            slot_shards.check_holds_every_slot(tf_graph, restore_from)
+    start = _StartFromChief(graph.train_graph.broadcast_op,
                               slot_fill if step is not None else None,
                               restore_from if cluster.is_chief else "")
     all_hooks = [start, *graph.hooks, *hooks, deadline]

@@ -35,6 +35,7 @@ class TensorSaveable(saveable_object.SaveableObject):
 
     @property
     def dtype(self):
+        """The saved tensor's dtype."""
         return self.op.dtype
 
     def restore(self, restored_tensors, restored_shapes):

@@ -94,6 +94,18 @@ def _gather_sparse(reducer, slices, tower_index, name):
         dense_shape=slices.dense_shape)
 
 
+def nothing_to_add(shape, dtype):
+    """What a member that does not hold a value sends, so that the sum is that value.
+
+    For floating dtypes -0.0, the exact additive identity (-0.0 + x is x for every
+    x, -0.0 and NaN included, where +0.0 + -0.0 would give +0.0); else 0.
+    """
+    dtype = tf.as_dtype(dtype)
+    if dtype.is_floating:
+        return tf.fill(shape, tf.constant(-0.0, dtype))
+    return tf.zeros(shape, dtype)
+
+
 def check_same_gradients(tower_gradients):
     """Every tower has a gradient where tower 0 has one (replicated towers are alike)."""
     first = tower_gradients[0]

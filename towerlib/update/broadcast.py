@@ -5,8 +5,9 @@ own copies of every variable, initialized on its own: with random
 initializers, or from a checkpoint, the workers would start apart. The
 broadcast sets every copy of every variable, on every worker, to the chief's
 tower 0 value, through the build's exchange: each member contributes the
-value (the chief's tower 0) or zeros (every other member), and the sum is
-the chief's value exactly, for every dtype the collectives add. Booleans
+value (the chief's tower 0) or nothing (-0.0, or 0 for integers: every
+other member), and the sum is the chief's value bit for bit, for every dtype
+the collectives add. Booleans
 and small integers cross as int64 (exact).
 
     broadcast = broadcast_from_chief(reducer, global_variables, copies)
@@ -82,7 +83,7 @@ def _broadcast_buffer(reducer, variables, copies, dtype, sent_as, name):
         is_source = reducer.member(index) == 0
         with tf.device(reducer.devices[index]):
             sent = [tf.cast(v.read_value(), sent_as) if is_source
-                    else tf.zeros(v.shape, sent_as) for v in variables]
+                    else allreduce.nothing_to_add(v.shape, sent_as) for v in variables]
         received = reducer.sum(sent, tower_index=index, differentiable=False, name=name)
         for variable, value in zip(variables, received):
             target = _local_copy(variable, index, copies)

@@ -36,7 +36,7 @@ Across workers the owners are among every tower of every worker (W x N members),
 so each holds 1/(W x N) of the slots. The gradients cross between workers through
 the build's exchange as under Replicated() (every local tower can read every sum;
 only the owner applies it), and after the apply one more exchange hands every copy
-its owner's new value (the owner sends it, every other member zeros: x + 0 = x).
+its owner's new value (an all-gather of each owner's weights: the same bits).
 Each worker's checkpoint stays whole: every save gathers each slot from its owner,
 and a restart refills the owners from the chief's checkpoint
 (towerlib.update.slot_shards).
@@ -191,34 +191,46 @@ class ShardedUpdate(ReplicatedUpdate):
     def _gathers_across_workers(self):
         """Every copy of every updated weight set to its owner's new value.
 
-        One all-reduce through the build's exchange: the owner tower sends its
-        copy's value, every other member of the group zeros, so each tower
-        receives the owner's value exactly (x + 0 = x). Each non-owner copy is
-        assigned it. Run after the apply (the caller's control dependency).
+        One all-gather per dtype through the build's exchange: each member's row
+        is its owned weights' new values, flattened end to end (and padded to the
+        longest row); every tower receives every row, exact, and assigns each
+        non-owner copy its slice of the owner's row. Each member sends 1/M of
+        the weights and receives them all: half of an all-reduce of the weights.
+        Run after the apply (the caller's control dependency).
         """
-        contributions = []
-        for tower in range(self._copies.num_towers):
-            member = self._first_member + tower
-            sent = []
-            with tf.device(self._reducer.devices[tower]):
-                for variable, owner in self._updated:
-                    copy = self._copies.copies_of(variable.op.name)[tower]
-                    sent.append(copy.read_value() if owner == member
-                                else tf.zeros(copy.shape, copy.dtype.base_dtype))
-            contributions.append(sent)
-        received = allreduce.allreduce_gradients(self._reducer, contributions,
-                                                 self._pack_bytes)
-        assigns = []
-        for tower, values in enumerate(received):
-            member = self._first_member + tower
-            for (variable, owner), value in zip(self._updated, values):
-                if owner != member:
-                    copy = self._copies.copies_of(variable.op.name)[tower]
-                    with tf.device(copy.device):
-                        assigns.append(copy.assign(value, read_value=False))
-                else:   # the owner's half of the exchange runs, its result unread
-                    assigns.append(value.op)
-        return assigns
+        by_dtype = {}
+        for variable, owner in self._updated:
+            by_dtype.setdefault(variable.dtype.base_dtype, []).append((variable, owner))
+        ops = []
+        for dtype, updated in by_dtype.items():
+            layout, width = _row_layout(updated, self._members)
+            for tower in range(self._copies.num_towers):
+                ops.extend(self._gather_rows(dtype, updated, layout, width, tower))
+        return ops
+
+    def _gather_rows(self, dtype, updated, layout, width, tower):
+        """Tower `tower`'s half of one dtype's all-gather, and its copies' assigns."""
+        member = self._first_member + tower
+        copy_of = {variable.op.name: self._copies.copies_of(variable.op.name)[tower]
+                   for variable, _ in updated}
+        with tf.device(self._reducer.devices[tower]):
+            mine = [tf.reshape(copy_of[v.op.name].read_value(), [-1])
+                    for v, owner in updated if owner == member]
+            filled = sum(v.shape.num_elements() for v, owner in updated if owner == member)
+            row = tf.concat(mine + [tf.zeros([width - filled], dtype)], axis=0)
+        rows = self._reducer.gather(row, tower_index=tower, name=f"updated_{dtype.name}")
+        ops = []
+        for variable, owner in updated:
+            if owner == member:
+                continue
+            copy = copy_of[variable.op.name]
+            start, size = layout[variable.op.name]
+            with tf.device(copy.device):
+                value = tf.reshape(rows[owner, start:start + size], copy.shape)
+                ops.append(copy.assign(value, read_value=False))
+        if not ops:   # this tower owns every weight of the dtype: its half still runs
+            ops.append(rows.op)
+        return ops
 
     def _gathers(self, updated):
         """Every other copy of each updated copy assigned its value, on its own device."""
@@ -245,6 +257,19 @@ class ShardedUpdate(ReplicatedUpdate):
     def sync_op(self):
         """Copies tower 0's weights into every other tower's copies (after a restore)."""
         return self._copies.sync_op()
+
+
+def _row_layout(updated, members):
+    """({name: (offset in its owner's row, elements)}, the longest row's length).
+
+    Each member's row holds its owned weights flattened, in `updated`'s order.
+    """
+    layout, filled = {}, [0] * members
+    for variable, owner in updated:
+        size = variable.shape.num_elements()
+        layout[variable.op.name] = (filled[owner], size)
+        filled[owner] += size
+    return layout, max(filled)
 
 
 def _check_every_worker_owns(owners, num_towers, num_workers):

@@ -7,7 +7,7 @@ only its towers' slots, yet every worker's checkpoint must stay whole: an elasti
 restart onto another number of workers reads any slot from the chief's.
 
 - Saving: each slot is saved through a TensorSaveable whose value is gathered from
-  its owner (an all-reduce of the owner's value and every other member's zeros),
+  its owner (an all-reduce of the owner's value and every other member's -0.0),
   so every worker's Saver writes every slot, as PyTorch's ZeroRedundancyOptimizer
   consolidates its state before a save. The whole slot state is in this process
   only while the save runs, and every worker must save at the same steps (they
@@ -23,20 +23,40 @@ restart onto another number of workers reads any slot from the chief's.
 """
 
 import dataclasses
+import threading
+import weakref
 from typing import Optional, Tuple
 
 import tensorflow as tf
 
+from towerlib.internals import function_graphs
 from towerlib.internals import saveables as saveables_lib
 from towerlib.update import allreduce
 
-__all__ = ["SlotShard", "describe", "fill_op", "fill_of", "install_whole_saver", "saveables",
-           "saveables_of", "sharded_names"]
+__all__ = ["SlotShard", "check_holds_every_slot", "describe", "fill_op", "fill_of",
+           "install_whole_saver", "saveables", "saveables_of", "shards_of", "sharded_names"]
 
-# Graph collections: the SlotShards, their saveables, and the (fill op, prefix) pair.
-SHARDS = "towerlib_slots_over_workers"
-SAVEABLES = "towerlib_slots_over_workers_saveables"
-FILL = "towerlib_slots_over_workers_fill"
+# Per graph, held weakly (as towerlib.exchange.keys holds its allocators): graph
+# collections would do, but every Saver.save with a meta graph would warn that it
+# cannot serialize these objects.
+_STATES = weakref.WeakKeyDictionary()
+_STATES_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class _GraphState:
+    """What one graph's build made: its SlotShards, their saveables, (fill, prefix)."""
+
+    shards: tuple = ()
+    saveables: list = dataclasses.field(default_factory=list)
+    fill: Optional[tuple] = None
+
+
+def _state(graph):
+    """`graph`'s state; a function body's (float16's skip) is its outer graph's."""
+    graph = function_graphs.root_graph(graph)
+    with _STATES_LOCK:
+        return _STATES.setdefault(graph, _GraphState())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +115,7 @@ def describe(optimizer, updated, num_towers, first_member, copies_of) -> Tuple[S
         for suffix, dtype, _ in template or ():
             name = f"{variable.op.name}/{suffix}"
             shards.append(SlotShard(name, variable.shape, dtype, owner, local.get(name)))
-    for shard in shards:
-        tf.compat.v1.add_to_collection(SHARDS, shard)
+    _state(tf.compat.v1.get_default_graph()).shards = tuple(shards)
     return tuple(shards)
 
 
@@ -119,7 +138,7 @@ def saveables(reducer, shards, chunk_bytes):
     """Per slot a TensorSaveable: its whole value, gathered from its owner when saved.
 
     Every local tower takes part in each gather (the owner's tower sends the slot,
-    every other member zeros); the saved tensor is tower 0's result, after every
+    every other member -0.0); the saved tensor is tower 0's result, after every
     local tower's half ran. Restoring assigns the slots this worker owns.
     """
     result = []
@@ -131,8 +150,7 @@ def saveables(reducer, shards, chunk_bytes):
             for shard, value in zip(group, received[0]):
                 result.append(saveables_lib.TensorSaveable(
                     tf.identity(value), shard.name, _restore_fn(shard)))
-    for saveable in result:
-        tf.compat.v1.add_to_collection(SAVEABLES, saveable)
+    _state(tf.compat.v1.get_default_graph()).saveables = list(result)
     return result
 
 
@@ -140,7 +158,7 @@ def fill_op(reducer, shards, chunk_bytes):
     """(op, prefix placeholder): every owner's slots set to those in the chief's `prefix`.
 
     The chief reads each buffer's slots from its checkpoint (RestoreV2); every other
-    member sends zeros; the owner assigns the sum. Buffers go one after another, so
+    member sends -0.0; the owner assigns the sum. Buffers go one after another, so
     at most about `chunk_bytes` (or one slot) is in transit. Every worker runs it,
     at the same start, when the chief restored a checkpoint.
     """
@@ -161,16 +179,29 @@ def fill_op(reducer, shards, chunk_bytes):
                     else:
                         done.append(value.op)
     op = tf.group(*done, name="slots_from_chief")
-    tf.compat.v1.add_to_collection(FILL, (op, prefix))
+    _state(tf.compat.v1.get_default_graph()).fill = (op, prefix)
     return op, prefix
 
 
-def install_whole_saver(graph):
+def install_whole_saver(graph, scaffold=None):
     """Puts in `graph`'s SAVERS the run's Saver (which a Scaffold then uses): each slot
     sharded over the workers saved whole (its saveable), the slot variables this
-    worker holds left out. Nothing if a Saver is there already (the user's own)."""
+    worker holds left out. A Saver of the user's own (in SAVERS, or `scaffold`'s)
+    would save this worker's slots only: ValueError, before anything runs."""
+    ours = saveables_of(graph)
     with graph.as_default():
-        if graph.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+        theirs = list(graph.get_collection(tf.compat.v1.GraphKeys.SAVERS))
+        if scaffold is not None and scaffold.saver is not None:
+            theirs.append(scaffold.saver)
+        for saver in theirs:
+            held = getattr(saver, "_var_list", None) or []
+            if not all(any(s is h for h in held) for s in ours):
+                raise ValueError(
+                    "A tf.compat.v1.train.Saver of your own is in this graph, and with "
+                    "Replicated(shard_update=True) across workers it would save only the "
+                    "optimizer slots this worker holds. Fix: build no Saver (towerlib "
+                    "saves every slot whole through its own), or Replicated() unsharded.")
+        if theirs:
             return
         sharded = sharded_names(graph)
         var_list = ([v for v in tf.compat.v1.global_variables() if v.op.name not in sharded]
@@ -180,20 +211,36 @@ def install_whole_saver(graph):
         graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
 
 
+def check_holds_every_slot(graph, prefix):
+    """Refuses (ValueError) a checkpoint to refill the slots from that lacks some."""
+    saved = {name for name, _ in tf.train.list_variables(prefix)}
+    missing = sorted(sharded_names(graph) - saved)
+    if missing:
+        raise ValueError(
+            f"The checkpoint {prefix} has no {missing[0]} ({len(missing)} optimizer slots "
+            "missing), and Replicated(shard_update=True) across workers refills every "
+            "slot from the chief's checkpoint. Fix: resume with the optimizer it was "
+            "saved with, or start this run in a new train_dir (warm_start for weights).")
+
+
+def shards_of(graph):
+    """The SlotShards of the slots sharded over workers in `graph` (empty if none)."""
+    return _state(graph).shards
+
+
 def sharded_names(graph):
     """The names of the slots sharded over workers in `graph` (a set; empty if none)."""
-    return {shard.name for shard in graph.get_collection(SHARDS)}
+    return {shard.name for shard in shards_of(graph)}
 
 
 def saveables_of(graph):
     """The slots' TensorSaveables in `graph` (what the Saver must save instead of them)."""
-    return list(graph.get_collection(SAVEABLES))
+    return list(_state(graph).saveables)
 
 
 def fill_of(graph):
     """(fill op, prefix placeholder) of `graph`, or None."""
-    found = graph.get_collection(FILL)
-    return found[0] if found else None
+    return _state(graph).fill
 
 
 def _groups(shards, chunk_bytes):
@@ -219,13 +266,15 @@ def _from_members(reducer, group, value_of, name):
 
 
 def _owned_value(shard, reducer, tower):
+    """The slot's value on its owner tower; what adds nothing on every other one."""
     if shard.variable is not None and reducer.member(tower) == shard.owner:
         return shard.variable.read_value()
     return _zeros(shard)
 
 
 def _zeros(shard):
-    return tf.zeros(shard.shape, shard.dtype)
+    """What a member that does not hold `shard` sends (the sum is the holder's value)."""
+    return allreduce.nothing_to_add(shard.shape, shard.dtype)
 
 
 def _read_on_chief(reducer, group, prefix):
@@ -242,6 +291,7 @@ def _read_on_chief(reducer, group, prefix):
 
 
 def _restore_fn(shard):
+    """The saveable's restore: assign the slot where this worker owns it, else nothing."""
     def restore(value):
         if shard.variable is None:
             return tf.no_op()
