@@ -27,6 +27,8 @@ step of ResNet-50's weights (bench/traffic_model.py, 161 variables, Adam) at 2, 
 towers, through the graph transport and through collectives: the busiest device's
 bytes (gradients, weights and collectives; not the input batch), sharded against
 unsharded, beside the ring all-reduce of the weights' bytes, 2 (N - 1) / N x S.
+With --workers=W (and --towers), the same for the chief of 2, 4 and 8 workers of
+--towers towers each (graphs only), through the build's default exchange.
 
 Not a test: numbers depend on the machine and on whatever else it runs.
 """
@@ -195,8 +197,12 @@ def _wait_for_all(workers, deadline):
         time.sleep(0.5)
 
 
-def busiest_device_bytes(num_towers, update, exchange):
-    """max over devices of max(sent, received) in one step, and the weights' bytes."""
+def busiest_device_bytes(num_towers, update, exchange, workers=1):
+    """max over devices of max(sent, received) in one step, and the weights' bytes.
+
+    With `workers` > 1, the step of worker 0 of that many (its graph only: nothing
+    runs, so no cluster is needed), each with `num_towers` towers.
+    """
     import numpy as np
     import tensorflow as tf
 
@@ -206,10 +212,14 @@ def busiest_device_bytes(num_towers, update, exchange):
     with tf.Graph().as_default():
         images = tf.constant(np.zeros([8 * num_towers, 32, 32, 3], np.float32))
         labels = tf.constant(np.zeros([8 * num_towers], np.int32))
+        placement = (dict(num_towers=num_towers, device_type="cpu") if workers == 1 else
+                     dict(devices=[f"/job:worker/task:0/device:CPU:{i}"
+                                   for i in range(num_towers)],
+                          workers=towerlib.WorkerGroup(workers, 0)))
         train = towerlib.build_train_graph(
             traffic_model.make_traffic_model("resnet50_sized"), (images, labels),
-            tf.compat.v1.train.AdamOptimizer(1e-4), num_towers=num_towers,
-            device_type="cpu", update=update, exchange=exchange, summaries=False)
+            tf.compat.v1.train.AdamOptimizer(1e-4), update=update, exchange=exchange,
+            summaries=False, **placement)
         weights = sum(v.shape.num_elements() * 4 for v in tf.compat.v1.trainable_variables())
         per_device = traffic_count.count_traffic(train.train_op).per_device(
             kinds=["variable", "computed", "collective"])
@@ -219,6 +229,8 @@ def busiest_device_bytes(num_towers, update, exchange):
 def traffic():
     import towerlib
 
+    if FLAGS.workers > 1:
+        return traffic_across_workers()
     for exchange in ("graph", "collective"):
         for towers in (2, 4, 8):
             unsharded, weights = busiest_device_bytes(towers, towerlib.Replicated(), exchange)
@@ -229,6 +241,23 @@ def traffic():
                   f" MB: unsharded {unsharded / weights:.3f}, sharded {sharded / weights:.3f},"
                   f" ring all-reduce {ring / weights:.3f}; sharded / unsharded "
                   f"{sharded / unsharded:.3f}", flush=True)
+
+
+def traffic_across_workers():
+    """The chief's busiest device across 2, 4 and 8 workers of --towers towers each."""
+    import towerlib
+
+    for workers in (2, 4, 8):
+        unsharded, weights = busiest_device_bytes(FLAGS.towers, towerlib.Replicated(),
+                                                  None, workers)
+        sharded, _ = busiest_device_bytes(
+            FLAGS.towers, towerlib.Replicated(shard_update=True), None, workers)
+        members = workers * FLAGS.towers
+        ring = 2 * (members - 1) / members * weights
+        print(f"{workers} workers x {FLAGS.towers} towers: the chief's busiest device, in "
+              f"S = {weights / 1e6:.1f} MB: unsharded {unsharded / weights:.3f}, sharded "
+              f"{sharded / weights:.3f}, ring all-reduce {ring / weights:.3f}; "
+              f"sharded / unsharded {sharded / unsharded:.3f}", flush=True)
 
 
 def main(argv):

@@ -35,3 +35,19 @@ def test_a_tiny_run_reports_every_ratio(workers, towers, slot_share):
     assert all(float(ratio) > 0 for ratio in ratios.groups()[:3]), line
     low, high = slot_share
     assert low <= float(ratios.group(4)) <= high, line
+
+
+@pytest.mark.slow
+def test_across_workers_the_sharded_step_moves_half_again_the_gradients_bytes():
+    """Counted from the built graph of worker 0 of 2 x 1 tower (ResNet-50's weights):
+    unsharded, a ring all-reduce of the gradients (1 x S for 2 members); sharded, that
+    and an all-gather of the owners' new weights (0.5 x S)."""
+    sys.path.insert(0, str(ROOT))
+    import towerlib
+    from bench import bench_sharded_update as bench
+
+    unsharded, weights = bench.busiest_device_bytes(1, towerlib.Replicated(), None, 2)
+    sharded, _ = bench.busiest_device_bytes(
+        1, towerlib.Replicated(shard_update=True), None, 2)
+    assert abs(unsharded / weights - 1.0) < 0.01, unsharded / weights
+    assert abs(sharded / unsharded - 1.5) < 0.01, sharded / unsharded
