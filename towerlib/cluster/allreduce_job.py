@@ -308,6 +308,21 @@ def _lost_message(cluster, deadline_secs, what, chief_decides=False):
             "(raise step_deadline_secs if steps are this slow).")
 
 
+def _start_from_chief(graph, step, restore_from, scaffold):
+    """The hook that starts every worker from the chief's values; with the slots
+    sharded over the workers, the run's Saver saving them whole, and their refill
+    from the chief's checkpoint when the agreed `step` is not None."""
+    tf_graph = graph.train_graph.train_op.graph
+    slot_fill = slot_shards.fill_of(tf_graph)
+    if slot_fill is not None:
+        slot_shards.install_whole_saver(tf_graph, scaffold)
+        if graph.cluster.is_chief and restore_from is not None:
+            slot_shards.check_holds_every_slot(tf_graph, restore_from)
+    return _StartFromChief(graph.train_graph.broadcast_op,
+                           slot_fill if step is not None else None,
+                           restore_from if graph.cluster.is_chief else "")
+
+
 def _positions_broadcast(train_graph):
     """Whether every input of the step keeps its position in (broadcast) variables."""
     graph = train_graph.train_op.graph
@@ -377,15 +392,7 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
     if not cluster.is_chief:
         run_kwargs.update(save_summaries_steps=None, trace_steps=())
     deadline = replica_watch.StepDeadlineHook(step_deadline_secs)
-    tf_graph = graph.train_graph.train_op.graph
-    slot_fill = slot_shards.fill_of(tf_graph)
-    if slot_fill is not None:
-        slot_shards.install_whole_saver(tf_graph, run_kwargs.get("scaffold"))
-        if cluster.is_chief and restore_from is not None:
-            slot_shards.check_holds_every_slot(tf_graph, restore_from)
-    start = _StartFromChief(graph.train_graph.broadcast_op,
-                              slot_fill if step is not None else None,
-                              restore_from if cluster.is_chief else "")
+    start = _start_from_chief(graph, step, restore_from, run_kwargs.get("scaffold"))
     all_hooks = [start, *graph.hooks, *hooks, deadline]
     try:
         return trainer_lib.run_training(

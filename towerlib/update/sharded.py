@@ -46,9 +46,8 @@ from typing import Dict
 
 import tensorflow as tf
 
-from towerlib.update import allreduce
+from towerlib.update import allreduce, slot_shards
 from towerlib.update import copies as variable_copies
-from towerlib.update import slot_shards
 from towerlib.update.base import CombinedGradients
 from towerlib.update.replicated import ReplicatedUpdate, warn_missing_gradients
 
