@@ -18,8 +18,9 @@ restart onto another number of workers reads any slot from the chief's.
   the workers that restored nothing or own other slots than before.
 
     shards = describe(optimizer, updated, num_towers, first_member, copies_of)
-    savers_list = saveables(reducer, shards)            # after the step's calls
-    fill, prefix = fill_op(reducer, shards)            # session.run(fill, {prefix: p})
+    saved = saveables(reducer, shards, chunk_bytes)    # after the step's calls
+    fill, prefix = fill_op(reducer, shards, chunk_bytes)   # run(fill, {prefix: p})
+    install_whole_saver(graph)                         # the run's Saver saves `saved`
 """
 
 import dataclasses
