@@ -53,6 +53,34 @@ def test_a_run_that_waits_is_said_while_it_waits(caplog):
     assert len([r for r in caplog.records if "waiting" in r.getMessage()]) == count
 
 
+def test_no_line_of_a_run_comes_after_its_after_run(caplog):
+    """A line being said while the run ends is complete when after_run returns:
+    the handler below is slow, and after_run waits for it instead of racing it."""
+    said, saying = [], threading.Event()
+
+    class SlowHandler(logging.Handler):
+        def emit(self, record):
+            saying.set()
+            time.sleep(0.3)
+            said.append(record.getMessage())
+
+    handler = SlowHandler(level=logging.INFO)
+    log = logging.getLogger("towerlib")
+    log.addHandler(handler)
+    caplog.set_level(logging.INFO, logger="towerlib")
+    try:
+        hook = StepDeadlineHook(deadline_secs=60, log_every_secs=0.05)
+        hook.before_run(None)
+        assert saying.wait(10)
+        hook.after_run(None, None)
+        count = len(said)
+        time.sleep(0.5)
+        hook.end(None)
+    finally:
+        log.removeHandler(handler)
+    assert count >= 1 and len(said) == count, said
+
+
 def test_a_deadline_must_be_positive():
     with pytest.raises(ValueError, match="must be > 0 seconds"):
         StepDeadlineHook(deadline_secs=0)

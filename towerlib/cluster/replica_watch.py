@@ -126,10 +126,10 @@ class StepDeadlineHook(tf.compat.v1.train.SessionRunHook):
             run, started = current
             due = started + self._log_every_secs
             while not self._ended.wait(max(0.0, due - time.monotonic())):
-                with self._changed:
+                with self._changed:  # said under the lock: none once after_run returns
                     if self._current is None or self._current[0] != run:
                         break  # that run is over: watch the one in progress now
-                logger.info("run %d of this replica: waiting %.0f s for the other replicas "
-                            "(deadline %.0f s)", run, time.monotonic() - started,
-                            self.deadline_secs)
+                    logger.info("run %d of this replica: waiting %.0f s for the other "
+                                "replicas (deadline %.0f s)", run,
+                                time.monotonic() - started, self.deadline_secs)
                 due += self._log_every_secs
