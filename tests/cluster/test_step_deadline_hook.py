@@ -100,4 +100,5 @@ def test_a_run_is_said_one_period_after_its_own_start(caplog):
     hook.after_run(None, None)
     hook.end(None)
     lines = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
-    assert [line.split(":")[0] for line in lines] == ["run 2 of this replica"], lines
+    # run 2 may be said twice if the machine is slow enough to stretch its 1.3 s past 2 s
+    assert lines and {line.split(":")[0] for line in lines} == {"run 2 of this replica"}, lines
