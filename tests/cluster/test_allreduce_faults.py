@@ -146,6 +146,41 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
         group.close()
 
 
+INF_SLOT_JOB = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                             "sharded_inf_slot_job.py")]
+
+
+def test_an_inf_slot_on_one_worker_stops_every_workers_save(tmp_path):
+    """Adam's slots sharded over 2 workers; from step 4 on, one slot of 'a' is Inf
+    on its owner only (the weights and the loss stay finite). Every worker refuses
+    the save of step 4 with NonFiniteError, the owner naming the slot, at once:
+    none waits in the save's exchange for a worker that already stopped."""
+    group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=INF_SLOT_JOB)
+    try:
+        ports = ",".join(str(p) for p in free_ports(2))
+        for task in (0, 1):
+            group.start(f"worker{task}", [f"--task={task}", f"--ports={ports}",
+                                          f"--train_dir={tmp_path / 'train'}"])
+        logs = []
+        for task in (0, 1):
+            assert group.wait(f"worker{task}", 80) == 3, group.describe(f"worker{task}")
+            logs.append(group.log_text(f"worker{task}"))
+            assert "stopped: NonFiniteError: Non-finite values at step 4" in logs[-1], \
+                logs[-1][-2000:]
+            assert "an optimizer slot sharded over the workers" in logs[-1], logs[-1][-2000:]
+        owners = [task for task, log in enumerate(logs) if "the variable a/Adam_1" in log]
+        assert len(owners) == 1, [log[-1500:] for log in logs]
+        newest = tf.train.latest_checkpoint(str(tmp_path / "train"))
+        assert newest.endswith("model.ckpt-3"), newest  # step 4 never saved
+        reader = tf.train.load_checkpoint(newest)
+        for name in reader.get_variable_to_shape_map():
+            assert np.all(np.isfinite(reader.get_tensor(name))), name
+        assert {"a/Adam", "a/Adam_1", "b/Adam", "b/Adam_1"} <= set(
+            reader.get_variable_to_shape_map())
+    finally:
+        group.close()
+
+
 FLAGS_FIX = "Fix: start every worker with the same flags"
 DATA_FIX = "Fix: give every worker the same data"
 

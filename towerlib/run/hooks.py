@@ -22,8 +22,7 @@ import tensorflow as tf
 from towerlib.exchange import safety
 from towerlib.precision import loss_scaling
 from towerlib.precision.guards import NonFiniteError
-from towerlib.run import checkpoints
-from towerlib.update import slot_shards
+from towerlib.run.saver_hook import CrashSafeSaverHook
 
 logger = logging.getLogger("towerlib")
 
@@ -261,109 +260,6 @@ class NonFiniteLossHook(tf.compat.v1.train.SessionRunHook):
             problems = [self.names[i] + (f" ({self.devices[i]})" if self.devices[i] else "")
                         + f": the loss is {losses[i]}" for i in bad]
             raise NonFiniteError(int(step), problems, applied=True)
-
-
-class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
-    """Saves with a CheckpointWriter every N steps or seconds, and at the end.
-
-    Saves once right after the session is created (unless that step already
-    has a checkpoint, as after a restore; with slots sharded over workers, whose
-    every save is an exchange all workers join, only at step 0, and a step saved
-    before is saved over: towerlib.update.slot_shards), and at `end`, which
-    MonitoredSession calls only when training stops without an exception:
-    a step that raised (e.g. a non-finite loss) is never saved. Put this hook
-    after every hook that can raise, so that a check failing in `after_run`
-    stops the save of that same step.
-
-    Before each save, one run checks that every floating-point global variable
-    is finite (one reduction per variable, on its device); a NaN or Inf raises
-    NonFiniteError naming the variables and nothing is saved: a step whose
-    loss was finite can still leave Inf weights (an Inf gradient, a momentum
-    that diverges), and no checkpoint may hold them.
-    """
-
-    def __init__(self, train_dir, scaffold, *, save_steps=None, save_secs=None,
-                 max_to_keep=5, basename=checkpoints.DEFAULT_BASENAME, write_meta_graph=True):
-        if (save_steps is None) == (save_secs is None):
-            raise ValueError("Give exactly one of save_steps and save_secs.")
-        self._train_dir = train_dir
-        self._scaffold = scaffold
-        self._timer = tf.compat.v1.train.SecondOrStepTimer(
-            every_secs=save_secs, every_steps=save_steps)
-        self._writer_options = dict(max_to_keep=max_to_keep, basename=basename,
-                                    write_meta_graph=write_meta_graph)
-        self._global_step = None
-        self._finite = None  # {variable name: bool scalar}
-        self.writer = None
-
-    @property
-    def last_saved(self):
-        """The prefix of the newest complete checkpoint, or None."""
-        return self.writer.latest if self.writer else None
-
-    def begin(self):
-        self._global_step = tf.compat.v1.train.get_global_step()
-        if self._global_step is None:
-            raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
-                               "with tf.compat.v1.train.get_or_create_global_step().")
-        self._finite = _finite_flags(tf.compat.v1.global_variables())
-        self._together = bool(slot_shards.saveables_of(tf.compat.v1.get_default_graph()))
-
-    def _save(self, session, step):
-        """Saves `step` unless a variable is NaN or Inf (then NonFiniteError)."""
-        if self._finite:
-            flags = session.run(self._finite)
-            bad = [name for name, ok in flags.items() if not ok]
-            if bad:
-                more = (f" (and {len(bad) - 1} more: {', '.join(bad[1:5])}"
-                        f"{', ...' if len(bad) > 5 else ''})" if len(bad) > 1 else "")
-                raise NonFiniteError(
-                    step, [f"the variable {bad[0]} holds NaN or Inf{more}: the "
-                           f"checkpoint of step {step} was not saved"],
-                    applied=True, last_checkpoint=self.writer.latest)
-        self.writer.save(session, step, replace=self._together)
-
-    def after_create_session(self, session, coord):
-        saver = self._scaffold.saver if self._scaffold is not None else None
-        if saver is None:
-            savers = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-            if len(savers) != 1:
-                raise RuntimeError(
-                    f"Found {len(savers)} savers in the SAVERS collection; pass a "
-                    "Scaffold with the saver to use.")
-            saver = savers[0]
-        self.writer = checkpoints.CheckpointWriter(saver, self._train_dir, **self._writer_options)
-        step = int(session.run(self._global_step))
-        if not (self._together and step > 0):
-            self._save(session, step)
-        self._timer.update_last_triggered_step(step)
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(self._global_step)
-
-    def after_run(self, run_context, run_values):
-        # The step read before the update; +1 is the step this run produced.
-        if self._timer.should_trigger_for_step(run_values.results + 1):
-            step = int(run_context.session.run(self._global_step))
-            if self._timer.should_trigger_for_step(step):
-                self._timer.update_last_triggered_step(step)
-                self._save(run_context.session, step)
-
-    def end(self, session):
-        step = int(session.run(self._global_step))
-        if step != self._timer.last_triggered_step():
-            self._save(session, step)
-
-
-def _finite_flags(variables):
-    """{name: bool scalar, every element finite} of the floating-point variables."""
-    flags = {}
-    for variable in variables:
-        if not variable.dtype.base_dtype.is_floating:
-            continue
-        with tf.device(variable.device), tf.name_scope("finite_before_save"):
-            flags[variable.op.name] = tf.reduce_all(tf.math.is_finite(variable))
-    return flags
 
 
 class LossScaleFloorHook(tf.compat.v1.train.SessionRunHook):

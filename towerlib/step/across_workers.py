@@ -130,6 +130,9 @@ class AcrossWorkers(OneMachine):
             with tf.name_scope("slots_for_saving"):
                 slot_shards.saveables(self._reducer, shards, chunk_bytes)
             self._reducer.start_separate_run()
+            with tf.name_scope("slots_finite"):
+                slot_shards.finite_everywhere(self._reducer, shards)
+            self._reducer.start_separate_run()
             with tf.name_scope("slots_from_chief"):
                 slot_shards.fill_op(self._reducer, shards, chunk_bytes)
         return train_op, broadcast_op

@@ -19,6 +19,7 @@ restart onto another number of workers reads any slot from the chief's.
 
     shards = describe(optimizer, updated, num_towers, first_member, copies_of)
     saved = saveables(reducer, shards, chunk_bytes)    # after the step's calls
+    finite = finite_everywhere(reducer, shards)        # run before every save
     fill, prefix = fill_op(reducer, shards, chunk_bytes)   # run(fill, {prefix: p})
     install_whole_saver(graph)                         # the run's Saver saves `saved`
 """
@@ -35,7 +36,8 @@ from towerlib.internals import saveables as saveables_lib
 from towerlib.update import allreduce
 
 __all__ = ["SlotShard", "check_holds_every_slot", "describe", "fill_op", "fill_of",
-           "install_whole_saver", "saveables", "saveables_of", "shards_of", "sharded_names"]
+           "finite_everywhere", "finite_of", "install_whole_saver", "saveables",
+           "saveables_of", "shards_of", "sharded_names"]
 
 # Per graph, held weakly (as towerlib.exchange.keys holds its allocators): graph
 # collections would do, but every Saver.save with a meta graph would warn that it
@@ -51,6 +53,7 @@ class _GraphState:
     shards: tuple = ()
     saveables: list = dataclasses.field(default_factory=list)
     fill: Optional[tuple] = None
+    finite: Optional[tf.Tensor] = None
 
 
 def _state(graph):
@@ -155,6 +158,32 @@ def saveables(reducer, shards, chunk_bytes):
     return result
 
 
+def finite_everywhere(reducer, shards):
+    """A bool scalar: every slot of every worker is finite.
+
+    Each local tower counts its owned slots that hold a NaN or Inf; one float32
+    all-reduce sums the counts. A save checks it first, on every worker, so a
+    slot gone non-finite on one worker stops every worker's save with the same
+    error, instead of its owner refusing alone and the others waiting in the
+    save's gather until their deadline.
+    """
+    counts = []
+    for tower in range(reducer.num_towers):
+        owned = [shard.variable for shard in shards if shard.variable is not None
+                 and reducer.member(tower) == shard.owner]
+        with tf.device(reducer.devices[tower]):
+            bad = [tf.cast(tf.logical_not(tf.reduce_all(tf.math.is_finite(v))), tf.float32)
+                   for v in owned]
+            count = tf.add_n(bad) if bad else tf.zeros([], tf.float32)
+        counts.append(reducer.sum([count], tower_index=tower, differentiable=False,
+                                  name="non_finite_slots")[0])
+    others = [count.op for count in counts[1:]]
+    with tf.device(reducer.devices[0]), tf.control_dependencies(others):
+        finite = tf.equal(counts[0], 0.0, name="every_slot_finite")
+    _state(tf.compat.v1.get_default_graph()).finite = finite
+    return finite
+
+
 def fill_op(reducer, shards, chunk_bytes):
     """(op, prefix placeholder): every owner's slots set to those in the chief's `prefix`.
 
@@ -237,6 +266,11 @@ def sharded_names(graph):
 def saveables_of(graph):
     """The slots' TensorSaveables in `graph` (what the Saver must save instead of them)."""
     return list(_state(graph).saveables)
+
+
+def finite_of(graph):
+    """`finite_everywhere`'s bool scalar in `graph`, or None."""
+    return _state(graph).finite
 
 
 def fill_of(graph):
