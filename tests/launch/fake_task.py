@@ -6,7 +6,10 @@
 --record DIR writes DIR/<job>-<index>-<restart>.json: its pid, TF_CONFIG and the
 pid of its grandchild (a `sleep` in its process group, with --grandchild).
 --fail JOB:INDEX:RESTART:STATUS exits with STATUS as that task on that restart
-(TOWERLIB_LAUNCH_RESTART); STATUS 137 or 143 kills itself by that signal.
+(TOWERLIB_LAUNCH_RESTART); STATUS 137 or 143 kills itself by that signal. It
+fails only once every task of its TF_CONFIG has recorded and printed what its
+flags say on this restart (DIR/<job>-<index>-<restart>.ready; at most 10 s), so
+what a test reads of the other tasks does not race the launcher's stop.
 --steps N: prints N lines of towerlib's progress line ('step i, loss = ...') first.
 --stop_secs S: SIGINT or SIGTERM is written to DIR/<job>-<index>-signals.txt, and
 S seconds later the task exits 128 + the first signal (a clean stop that saves).
@@ -60,6 +63,16 @@ def probe(config):
     return reached
 
 
+def wait_for_every_task(record_dir, config, restart, bound_secs=10.0):
+    """Until every task of `config` wrote its .ready marker of `restart` (bounded)."""
+    markers = [os.path.join(record_dir, f"{job}-{index}-{restart}.ready")
+               for job, addresses in config["cluster"].items()
+               for index in range(len(addresses))]
+    deadline = time.monotonic() + bound_secs
+    while time.monotonic() < deadline and not all(map(os.path.exists, markers)):
+        time.sleep(0.02)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--record", required=True)
@@ -105,9 +118,12 @@ def main():
     for step in range(1, args.steps + 1):
         print(f"I1129 00:00:00.0 1 hooks.py:113] step {step}, loss = 0.5000, 0.010 "
               "sec/batch", flush=True)
+    with open(os.path.join(args.record, f"{job}-{index}-{restart}.ready"), "w"):
+        pass
     for rule in args.fail:
         rule_job, rule_index, rule_restart, status = rule.split(":")
         if (rule_job, int(rule_index), rule_restart) == (job, index, restart):
+            wait_for_every_task(args.record, config, restart)
             print(f"{job} {index} fails with {status}", flush=True)
             if int(status) in (137, 143):
                 os.kill(os.getpid(), int(status) - 128)
