@@ -32,25 +32,31 @@ def test_many_runs_share_one_watcher_and_carry_the_deadline(monkeypatch):
     assert started == ["towerlib-step-watch"]  # one for the loop, not one per step
     assert len(watchers()) == before + 1
     hook.end(None)
-    time.sleep(0.2)  # the watcher sees the end within one period
+    ended = time.monotonic() + 10   # the watcher sees the end within one period
+    while len(watchers()) > before and time.monotonic() < ended:
+        time.sleep(0.01)
     assert len(watchers()) == before
 
 
 def test_a_run_that_waits_is_said_while_it_waits(caplog):
     caplog.set_level(logging.INFO, logger="towerlib")
-    hook = StepDeadlineHook(deadline_secs=60, log_every_secs=0.05)
+    hook = StepDeadlineHook(deadline_secs=60, log_every_secs=0.5)
     hook.before_run(None)
-    time.sleep(0.3)
+    time.sleep(1.6)   # said at about 0.5, 1.0 and 1.5 s
     hook.after_run(None, None)
     lines = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
     assert lines and all(line.startswith("run 1 of this replica: waiting") for line in lines)
     assert "(deadline 60 s)" in lines[0]
-    count = len(lines)
+    started = time.monotonic()
     hook.before_run(None)  # a quick run says nothing
     hook.after_run(None, None)
-    time.sleep(0.15)
+    quick = time.monotonic() - started < 0.5   # unless this thread stalled that long
+    time.sleep(0.6)
     hook.end(None)
-    assert len([r for r in caplog.records if "waiting" in r.getMessage()]) == count
+    later = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert later[:len(lines)] == lines   # run 1 said nothing after its after_run
+    if quick:
+        assert later == lines
 
 
 def test_no_line_of_a_run_comes_after_its_after_run(caplog):
@@ -91,12 +97,15 @@ def test_a_run_is_said_one_period_after_its_own_start(caplog):
     before it began: a run shorter than two periods (say a deadline of 8 s with a
     line every 5 s) is still said before its deadline."""
     caplog.set_level(logging.INFO, logger="towerlib")
-    hook = StepDeadlineHook(deadline_secs=60, log_every_secs=1.0)
+    hook = StepDeadlineHook(deadline_secs=60, log_every_secs=2.0)
     hook.before_run(None)  # run 1, quick
     hook.after_run(None, None)
-    time.sleep(0.5)
-    hook.before_run(None)  # run 2 waits 1.3 s: said at about 1.0 s into it
-    time.sleep(1.3)
+    time.sleep(0.1)
+    # Run 2 waits 3.5 s: said at 2.0 s into it. A line timed from run 1's start
+    # (the watcher waking at 2.0 s and then waiting a whole period) would come at
+    # 3.9 s into run 2, after it ended.
+    hook.before_run(None)
+    time.sleep(3.5)
     hook.after_run(None, None)
     hook.end(None)
     lines = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
