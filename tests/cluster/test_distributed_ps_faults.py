@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from tests.distributed_processes import free_ports
 from towerlib.cluster.exits import RETRYABLE
+from towerlib.run import checkpoints
 
 STEP_LOG = re.compile(r"step (\d+), loss = ([0-9.]+)")
 RESTORED = re.compile(r"Restoring parameters from (\S+)")
@@ -64,8 +65,10 @@ def test_restarted_ps_training_goes_on_from_the_newest_checkpoint(processes, tmp
     processes.wait_for(checkpoint_at_step_6_or_later, "checkpoint at step >= 6", 60,
                        watched="worker0")
     processes.kill("ps")
-    # Saving needs the ps (it writes the shards): nothing newer appears now.
-    newest = tf.train.latest_checkpoint(str(train_dir))
+    # A save under way may still be published after the kill; once the chief has
+    # lost its session (it then waits for the ps), nothing newer can appear.
+    processes.wait_for_log("worker0", "Replica 0 lost its session", 60)
+    newest = checkpoints.find_restorable_checkpoint(str(train_dir))
     before_kill = losses_by_step(processes.log_text("worker0"))
     assert max(step for step, _ in before_kill) < steps - 2, "ended before the kill"
     processes.start("ps", flags + ["--job_name=ps", "--ps_timeout_secs=80"])

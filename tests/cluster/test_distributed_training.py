@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tests.distributed_processes import free_ports
 from towerlib.cluster.exits import RETRYABLE
+from towerlib.run import checkpoints
 
 GLOBAL_BATCH = 16
 TOWERS_PER_WORKER = 2
@@ -163,7 +164,9 @@ def test_restarted_chief_resumes_from_its_last_checkpoint(processes, tmp_path):
     processes.wait_for(checkpoint_at_step_4_or_later, "checkpoint at step >= 4", 90,
                        watched="worker0")
     processes.kill("worker0")
-    checkpoint = tf.train.latest_checkpoint(str(train_dir))
+    # What a restart restores: the state file's newest, or a newer complete one
+    # published just before the kill, before the state file listed it.
+    checkpoint = checkpoints.find_restorable_checkpoint(str(train_dir))
     assert 4 <= checkpoint_step(checkpoint) < steps - 3, checkpoint
 
     processes.start("worker0", worker_flags(flags, 0))
