@@ -62,7 +62,7 @@ def test_a_lost_worker_stops_the_other_within_the_deadline(processes, tmp_path, 
     else:
         processes.signal("worker1", signal.SIGSTOP)
     lost_at = time.monotonic()
-    bound = DEADLINE_SECS + 10
+    bound = DEADLINE_SECS + 30   # slack for a loaded machine; the default is 300 s
     assert processes.wait("worker0", bound) == RETRYABLE, processes.describe("worker0")
     assert time.monotonic() - lost_at < bound
     line = one_error_line(processes.log_text("worker0"))

@@ -112,8 +112,8 @@ def test_ps_gone_for_good_workers_stop_within_their_bound(processes, tmp_path):
     killed_at = time.monotonic()
 
     # The bound: the old session's close (3 s), the wait for the ps, the
-    # control session's close (3 s), plus process exit.
-    bound = PS_RESTART_TIMEOUT_SECS + 3 + 3 + 10
+    # control session's close (3 s), plus process exit and a loaded machine's slack.
+    bound = PS_RESTART_TIMEOUT_SECS + 3 + 3 + 30
     for name in ("worker0", "worker1"):
         code = processes.wait(name, bound - (time.monotonic() - killed_at))
         assert code == RETRYABLE, processes.describe(name)
@@ -142,7 +142,9 @@ def test_a_worker_lost_for_good_stops_the_chief_and_the_ps_within_the_deadline(
     else:
         processes.signal("worker1", signal.SIGSTOP)
     lost_at = time.monotonic()
-    bound = deadline + 3 + 3 + 10  # the step's deadline, the session's close, exit
+    # The step's deadline, the session's close, exit, a loaded machine's slack: far
+    # below the default deadline (300 s).
+    bound = deadline + 3 + 3 + 30
     for name in ("worker0", "ps"):
         code = processes.wait(name, bound - (time.monotonic() - lost_at))
         assert code == RETRYABLE, processes.describe(name)
