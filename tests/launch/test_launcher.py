@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.launch.tasks import assert_none_alive, fake_command, records, wait_until
+from tests.launch.tasks import alive, assert_none_alive, fake_command, records, wait_until
 from towerlib.launch import ports as ports_lib
 from towerlib.launch.output import Output
 from towerlib.launch.plan import JobPlan, Task
@@ -284,6 +284,32 @@ def test_two_hosts_shares_make_one_cluster(tmp_path):
         config = found[f"worker-{index}-0"]["tf_config"]
         assert config == {"cluster": {"worker": expected},
                           "task": {"type": "worker", "index": index}}
+
+
+def test_a_signal_while_a_task_starts_reaches_that_task_too(tmp_path):
+    """The signal comes after worker 0's process started but before the launcher
+    listed it: worker 0 still gets it and stops, the tasks after it are not started,
+    and nothing waits for the grace."""
+    out, err = io.BytesIO(), io.BytesIO()
+    launcher = Launcher(fake_command(tmp_path, "--stop_secs", "1.0", "--sleep", "60"),
+                        JobPlan(2, 1), Output(out, err), stop_grace_secs=30.0)
+    start = launcher._start
+
+    def start_then_signal(task, cluster, restarts):
+        child = start(task, cluster, restarts)
+        if not launcher.signal:
+            launcher.forward_signal(signal.SIGTERM)
+        return child
+
+    launcher._start = start_then_signal
+    began = time.monotonic()
+    result = launcher.run()
+    said = out.getvalue().decode() + err.getvalue().decode()
+    assert time.monotonic() - began < 20, said[-2000:]
+    assert result.status == 128 + signal.SIGTERM and result.signal == signal.SIGTERM
+    assert len(launcher.children) == 1   # the others were never started
+    assert "did not exit within --stop_grace_secs" not in said
+    assert not alive(launcher.children[0].pid)   # stopped by the signal, within its bound
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -143,6 +143,7 @@ class Launcher:
         self.hold_ports, self.poll_secs = hold_ports, poll_secs
         self.children = []
         self.signal = 0
+        self._forwarded = {}   # pid: the claim of the one stop signal sent to it
         self.failed_at = None   # monotonic time of the newest failure seen
         self.watchdog = None
         self._since = 0   # ticks: when run() began (reaper.end_orphans)
@@ -152,11 +153,21 @@ class Launcher:
     def forward_signal(self, signum):
         """From a signal handler: stop the job, forwarding `signum` to every task
         (SIGHUP as SIGTERM). A second signal SIGKILLs every task at once."""
-        sent = signal.SIGKILL if self.signal else \
-            signal.SIGTERM if signum in AS_SIGTERM else signum
-        self.signal = self.signal or signum
+        if self.signal:
+            for child in list(self.children):
+                children_lib.signal_child(child, signal.SIGKILL)
+            return
+        self.signal = signum
         for child in list(self.children):
-            children_lib.signal_child(child, sent)
+            self._forward_once(child)
+
+    def _forward_once(self, child):
+        """The first signal to `child`, sent once: by the handler, or by `_attempt`
+        for a task that started before the handler ran but was listed after it."""
+        claim = object()   # setdefault is one step: the handler cannot split it
+        if self._forwarded.setdefault(child.pid, claim) is claim:
+            children_lib.signal_child(
+                child, signal.SIGTERM if self.signal in AS_SIGTERM else self.signal)
 
     def run(self):
         """Runs the job to its end; returns a JobResult (its status is the launcher's)."""
@@ -252,7 +263,7 @@ class Launcher:
 
     def _attempt(self, attempt, restarts):
         """One start of every local task; returns its first Failure, or None."""
-        self.children = []
+        self.children, self._forwarded = [], {}
         with self._ports() as held:
             cluster = self.current.cluster(held.ports)
             try:
@@ -261,6 +272,8 @@ class Launcher:
                         break
                     self.output.forget(task)
                     self.children.append(self._start(task, cluster, restarts))
+                    if self.signal:   # it came while this task started, before it was listed
+                        self._forward_once(self.children[-1])
                 since = "" if self.failed_at is None else \
                     f", {time.monotonic() - self.failed_at:.1f} s after the failure"
                 size = "" if self.min_workers == self.plan.workers else \
