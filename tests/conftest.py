@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from tests import durations, machine_share
+from tests import distributed_processes, durations, machine_share
 from tests.distributed_processes import ProcessGroup
 from tests.fault_scripts.runner import ProcessPool
 
@@ -55,6 +55,13 @@ def pytest_sessionfinish(session):
     run_id = getattr(session.config.option, "testrunuid", None)
     if run_id and not hasattr(session.config, "workerinput"):
         machine_share.remove_files(run_id)
+
+
+@pytest.fixture(autouse=True)
+def ports_held_for_the_test():
+    """The ports a test held for its cluster processes are released after it."""
+    yield
+    distributed_processes.release_held_ports()
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,8 @@ import sys
 import threading
 import time
 
+from towerlib.launch import ports as ports_lib
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO_ROOT, "examples", "distributed", "train.py")
 
@@ -29,8 +31,33 @@ except OSError:
     _LIBC = None
 
 
+# Ports held_ports holds for the test under way; tests/conftest.py releases them after it.
+_HELD = []
+
+
+def held_ports(count):
+    """`count` distinct free ports, held by this process until the test ends.
+
+    Each stays bound (SO_REUSEPORT, never listening: towerlib.launch.ports) so that
+    no other process, another xdist worker's test say, takes it before the cluster
+    process meant for it binds; that process binds beside it because ProcessGroup
+    sets TF_GRPC_REUSE_PORT=1. For processes this module starts; a program that
+    must find the port free (towerlib's launcher probes fixed ports) uses free_ports.
+    """
+    held = ports_lib.hold_free_ports(count)
+    _HELD.append(held)
+    return list(held.ports)
+
+
+def release_held_ports():
+    """Releases every port held_ports holds (after each test)."""
+    while _HELD:
+        _HELD.pop().close()
+
+
 def free_ports(count):
-    """`count` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released)."""
+    """`count` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released:
+    another process may take one before it is used; held_ports closes that window)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
@@ -78,6 +105,7 @@ class ProcessGroup:
         env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = ""
+        env[ports_lib.REUSE_PORT_VARIABLE] = "1"   # binds beside held_ports' sockets
         env.pop("TF_CONFIG", None)
         if tf_config is not None:
             env["TF_CONFIG"] = json.dumps(tf_config)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.distributed_processes import free_ports
+from tests.distributed_processes import held_ports
 
 PROCESS_BUDGET_SECS = 110
 FINISHED = re.compile(r"finished: global_step=(\d+) loss=([0-9.]+)")
@@ -35,7 +35,7 @@ def one_machine(processes, name, train_dir, max_steps):
 
 
 def two_workers(processes, name, train_dir, max_steps):
-    ports = free_ports(2)
+    ports = held_ports(2)
     hosts = f"--worker_hosts=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
     for task in (0, 1):
         processes.start(f"{name}{task}", COMMON + [

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import generate, job, options
-from tests.distributed_processes import free_ports
+from tests.distributed_processes import free_ports, held_ports
 from towerlib import cluster as cluster_lib
 
 PROCESS_COMMAND = [sys.executable, "-m", "examples.cifar10.train"]
@@ -40,7 +40,7 @@ def test_two_workers_all_reduce_and_the_run_resumes_on_one_machine_as_if_uninter
     towers exchange through hubs that add as one process adds."""
     # The resume once failed with TensorFlow's NotFoundError (the workers' shuffle
     # buffers in the checkpoint) after rewriting train_config.json.
-    ports = free_ports(2)
+    ports = held_ports(2)
     hosts = [f"127.0.0.1:{p}" for p in ports]
     resized, whole = tmp_path / "resized", tmp_path / "uninterrupted"
     run_flags = [f"--data_dir={data_dir}", "--model=resnet8", "--device_type=cpu",

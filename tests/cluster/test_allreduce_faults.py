@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.distributed_processes import ProcessGroup, free_ports
+from tests.distributed_processes import ProcessGroup, held_ports
 from towerlib.cluster.exits import RETRYABLE
 
 PROCESS_BUDGET_SECS = 100
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 def worker_flags(train_dir, max_steps, extra=()):
-    ports = free_ports(2)
+    ports = held_ports(2)
     return [f"--worker_hosts=127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}",
             "--variable_update=replicated", "--num_towers=2", "--batch_norm",
             "--bn_mode=sync", f"--train_dir={train_dir}", f"--max_steps={max_steps}",
@@ -131,7 +131,7 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
     raises NonFiniteError for that step, and no checkpoint holds it."""
     group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=NAN_JOB)
     try:
-        ports = ",".join(str(p) for p in free_ports(2))
+        ports = ",".join(str(p) for p in held_ports(2))
         for task in (0, 1):
             group.start(f"worker{task}", [f"--task={task}", f"--ports={ports}",
                                           f"--train_dir={tmp_path / 'train'}"])
@@ -157,7 +157,7 @@ def test_an_inf_slot_on_one_worker_stops_every_workers_save(tmp_path):
     none waits in the save's exchange for a worker that already stopped."""
     group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=INF_SLOT_JOB)
     try:
-        ports = ",".join(str(p) for p in free_ports(2))
+        ports = ",".join(str(p) for p in held_ports(2))
         for task in (0, 1):
             group.start(f"worker{task}", [f"--task={task}", f"--ports={ports}",
                                           f"--train_dir={tmp_path / 'train'}"])

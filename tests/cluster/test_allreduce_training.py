@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tests.cluster import allreduce_job
-from tests.distributed_processes import ProcessGroup, free_ports
+from tests.distributed_processes import ProcessGroup, free_ports, held_ports
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def test_workers_stay_identical_and_equal_one_machine(processes, tmp_path, worke
               f"--accumulation_steps={steps}", f"--init={tmp_path / 'init.npz'}"]
     if model == "sharded":
         common.append("--shard_update")
-    ports = ",".join(str(p) for p in free_ports(workers))
+    ports = ",".join(str(p) for p in held_ports(workers))
     for task in range(workers):
         processes.start(f"worker{task}", common + [
             "--role=worker", f"--task={task}", f"--workers={workers}",
@@ -235,7 +235,7 @@ def test_sharded_workers_equal_unsharded_workers_bit_for_bit(processes, tmp_path
             "unsharded": [f"--start={tmp_path / 'start.npz'}",
                           f"--init={tmp_path / 'unsharded_init.npz'}"]}
     for run, flags in runs.items():
-        ports = ",".join(str(p) for p in free_ports(workers))
+        ports = ",".join(str(p) for p in held_ports(workers))
         for task in range(workers):
             processes.start(f"{run}{task}", common + flags + [
                 f"--task={task}", f"--ports={ports}", f"--out={tmp_path / f'{run}{task}.npz'}"])

@@ -13,7 +13,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from tests.distributed_processes import free_ports
+from tests.distributed_processes import held_ports
 from towerlib.cluster.exits import RETRYABLE
 from towerlib.run import checkpoints
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 
 def cluster_flags(train_dir, max_steps, extra=()):
-    ps, worker0, worker1 = free_ports(3)
+    ps, worker0, worker1 = held_ports(3)
     return [f"--ps_hosts=127.0.0.1:{ps}",
             f"--worker_hosts=127.0.0.1:{worker0},127.0.0.1:{worker1}",
             f"--train_dir={train_dir}", f"--max_steps={max_steps}",

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.distributed_processes import ProcessGroup, free_ports
+from tests.distributed_processes import ProcessGroup, held_ports
 from towerlib.cluster.exits import RETRYABLE
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ def processes(tmp_path):
 
 
 def start(processes, train_dir, suffix="", die_before_step=0):
-    ports = ",".join(map(str, free_ports(2)))
+    ports = ",".join(map(str, held_ports(2)))
     for task in (0, 1):
         dies = [f"--die_before_step={die_before_step}"] if task == 1 else []
         processes.start(f"worker{task}{suffix}", [f"--task={task}", f"--ports={ports}",

@@ -9,7 +9,7 @@ import pytest
 import tf_keras
 
 from tests.cluster import held_weights_job
-from tests.distributed_processes import ProcessGroup, free_ports
+from tests.distributed_processes import ProcessGroup, held_ports
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "held_weights_job.py")
 
@@ -25,7 +25,7 @@ def test_the_chiefs_held_weights_are_every_workers_step_0_values(tmp_path):
     want = {w.name.split(":")[0]: w.numpy() for w in fresh.weights}
     group = ProcessGroup(tmp_path, 240, command=(sys.executable, JOB))
     try:
-        ports = ",".join(str(p) for p in free_ports(2))
+        ports = ",".join(str(p) for p in held_ports(2))
         for task, weights in ((0, str(tmp_path / "base.h5")), (1, "")):
             group.start(f"worker{task}", [f"--task={task}", f"--ports={ports}",
                                           f"--weights={weights}",

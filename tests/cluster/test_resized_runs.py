@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.distributed_processes import ProcessGroup, free_ports
+from tests.distributed_processes import ProcessGroup, held_ports
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ def train(processes, train_dir, max_steps, workers, towers, k=1, batch_norm=True
               f"--batch_norm={int(batch_norm)}", f"--input={kind}",
               f"--workers={workers}", f"--float16={int(float16)}",
               f"--evaluate={int(evaluate)}", f"--shard_update={int(shard_update)}"]
-    ports = ",".join(map(str, free_ports(workers))) if workers > 1 else ""
+    ports = ",".join(map(str, held_ports(workers))) if workers > 1 else ""
     names = []
     for task in range(workers):
         name = f"{os.path.basename(train_dir)}_{max_steps}_{workers}x{towers}x{k}_{task}"

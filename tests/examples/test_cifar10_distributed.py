@@ -17,7 +17,7 @@ from examples.cifar10 import data, generate, input_pipeline, job, options, run_f
 from examples.cifar10 import eval as eval_lib
 from examples.cifar10 import export as export_lib
 from tests import helpers
-from tests.distributed_processes import REPO_ROOT, free_ports
+from tests.distributed_processes import REPO_ROOT, free_ports, held_ports
 from towerlib import cluster as cluster_lib
 
 MODULE = "examples.cifar10.train"
@@ -41,7 +41,7 @@ def data_dir(tmp_path_factory):
 def test_one_ps_two_workers_train_and_the_chiefs_run_evaluates(
     processes, tmp_path, data_dir
 ):
-    ps_port, worker0_port, worker1_port = free_ports(3)
+    ps_port, worker0_port, worker1_port = held_ports(3)
     hosts = {
         "ps": [f"127.0.0.1:{ps_port}"],
         "worker": [f"127.0.0.1:{worker0_port}", f"127.0.0.1:{worker1_port}"],
