@@ -224,6 +224,24 @@ def test_across_workers_each_slot_is_held_by_one_owner_among_every_workers_tower
             assert variables[shard.name].device.endswith(f"CPU:{shard.owner - 2}"), shard
 
 
+def test_across_workers_gpu_towers_save_the_gathered_slots_from_host_memory():
+    """Built for 2 GPU towers (the graph only; no GPU is needed to build it): each
+    slot is gathered on the towers, and what the Saver saves is on the worker's CPU,
+    so a GPU never holds every slot at once (the state sharding spares it)."""
+    with tf.Graph().as_default() as graph:
+        images, labels = helpers.image_batch(8)
+        towerlib.build_train_graph(
+            helpers.conv_dense_model, (tf.constant(images), tf.constant(labels)),
+            tf.compat.v1.train.AdamOptimizer(0.01),
+            devices=["/device:GPU:0", "/device:GPU:1"], update=SHARDED,
+            workers=towerlib.WorkerGroup(2, 0))
+        saved = slot_shards.saveables_of(graph)
+        owned = [s.variable for s in slot_shards.shards_of(graph) if s.variable is not None]
+    assert saved and owned
+    assert {spec.tensor.device for s in saved for spec in s.specs} == {"/device:CPU:0"}
+    assert {v.device for v in owned} <= {"/device:GPU:0", "/device:GPU:1"}
+
+
 def _sharded_over_workers(tower_fn, workers=2, towers=2):
     """A graph built as worker 0 of `workers`, Adam, sharded; (graph, TrainGraph)."""
     graph = tf.Graph()

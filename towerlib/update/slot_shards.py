@@ -150,7 +150,9 @@ def saveables(reducer, shards, chunk_bytes):
         received = _from_members(reducer, group, lambda shard, tower: _owned_value(
             shard, reducer, tower), f"slots_for_saving_{number}")
         others = [value.op for values in received[1:] for value in values]
-        with tf.device(reducer.devices[0]), tf.control_dependencies(others):
+        # Saved from host memory: the Saver holds every slot at once, and a GPU tower
+        # would then hold the whole state sharding spares it (a buffer at a time here).
+        with tf.device(_host_of(reducer)), tf.control_dependencies(others):
             for shard, value in zip(group, received[0]):
                 result.append(saveables_lib.TensorSaveable(
                     tf.identity(value), shard.name, _restore_fn(shard)))
@@ -316,13 +318,17 @@ def _read_on_chief(reducer, group, prefix):
     """{name: the slot read from `prefix`} on the chief's tower 0 host, else {}."""
     if reducer.member(0) != 0:
         return {}
-    host = tf.DeviceSpec.from_string(reducer.devices[0]).replace(device_type="CPU",
-                                                                 device_index=0)
-    with tf.device(host.to_string()):
+    with tf.device(_host_of(reducer)):
         values = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[s.name for s in group],
                                       shape_and_slices=[""] * len(group),
                                       dtypes=[s.dtype for s in group])
         return {s.name: tf.reshape(v, s.shape) for s, v in zip(group, values)}
+
+
+def _host_of(reducer):
+    """The CPU of this worker's tower 0 (its host memory), as a device string."""
+    return tf.DeviceSpec.from_string(reducer.devices[0]).replace(
+        device_type="CPU", device_index=0).to_string()
 
 
 def _restore_fn(shard):
