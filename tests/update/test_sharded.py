@@ -266,6 +266,33 @@ def test_across_workers_a_worker_that_would_own_no_variable_is_refused():
         _sharded_over_workers(one_weight)
 
 
+def test_across_workers_each_slot_has_its_own_weights_dtype():
+    """A float64 weight beside float32 ones: every worker describes each slot, the
+    ones other workers hold too, with its own weight's dtype (the gathers at a save
+    and the refill are built per dtype from these)."""
+    def two_dtypes(inputs, ctx):
+        loss = helpers.conv_dense_model(inputs, ctx)
+        offset = tf.compat.v1.get_variable("offset", [3], tf.float64,
+                                           initializer=tf.compat.v1.ones_initializer())
+        return loss + tf.cast(tf.reduce_sum(tf.square(offset)), tf.float32)
+    dtypes = {}
+    for worker in (0, 1):
+        graph = tf.Graph()
+        with graph.as_default():
+            images, labels = helpers.image_batch(8)
+            towerlib.build_train_graph(
+                two_dtypes, (tf.constant(images), tf.constant(labels)),
+                tf.compat.v1.train.AdamOptimizer(0.01), devices=helpers.cpu_devices(2),
+                update=SHARDED, workers=towerlib.WorkerGroup(2, worker))
+            weights = {v.op.name: v.dtype.base_dtype
+                       for v in tf.compat.v1.trainable_variables()}
+        dtypes[worker] = {s.name: s.dtype for s in slot_shards.shards_of(graph)}
+        for name, dtype in dtypes[worker].items():
+            assert dtype == weights[name.rsplit("/", 1)[0]], (worker, name)
+    assert dtypes[0] == dtypes[1]
+    assert dtypes[0]["offset/Adam"] == tf.float64
+
+
 def test_across_workers_a_saver_of_ones_own_is_refused_before_it_saves_a_part():
     graph, _ = _sharded_over_workers(helpers.conv_dense_model)
     with graph.as_default():   # where a Scaffold finds the Saver to save with

@@ -105,36 +105,39 @@ def describe(optimizer, updated, num_towers, first_member, copies_of) -> Tuple[S
         slots = [optimizer.get_slot(copy, n) for n in optimizer.get_slot_names()]
         found = _slot_suffixes(variable, [s for s in slots if s is not None])
         if template is None:
-            template, example = found, variable.op.name
-        elif [(s, d) for s, d, _ in found] != [(s, d) for s, d, _ in template]:
+            template, example = [suffix for suffix, _ in found], variable.op.name
+        elif [suffix for suffix, _ in found] != template:
             raise ValueError(
                 f"Replicated(shard_update=True) across workers needs the same slots for "
-                f"every weight; {type(optimizer).__name__} made "
-                f"{[s for s, _, _ in template]} for {example} and "
-                f"{[s for s, _, _ in found]} for {variable.op.name}. Fix: "
+                f"every weight; {type(optimizer).__name__} made {template} for {example} "
+                f"and {[suffix for suffix, _ in found]} for {variable.op.name}. Fix: "
                 "Replicated(shard_update=False) with this optimizer.")
-        local.update({f"{variable.op.name}/{suffix}": slot for suffix, _, slot in found})
+        local.update({f"{variable.op.name}/{suffix}": slot for suffix, slot in found})
     shards = []
-    for variable, owner in updated:
-        for suffix, dtype, _ in template or ():
+    for variable, owner in updated:   # a slot's dtype is its weight's (checked above)
+        for suffix in template or ():
             name = f"{variable.op.name}/{suffix}"
-            shards.append(SlotShard(name, variable.shape, dtype, owner, local.get(name)))
+            shards.append(SlotShard(name, variable.shape, variable.dtype.base_dtype, owner,
+                                    local.get(name)))
     _state(tf.compat.v1.get_default_graph()).shards = tuple(shards)
     return tuple(shards)
 
 
 def _slot_suffixes(variable, slots):
-    """[(suffix, dtype, slot)] of a weight's slots, refusing one not shaped like it."""
+    """[(suffix, slot)] of a weight's slots, refusing one not named, shaped and typed
+    like it (every worker describes the slots it does not hold from its weight)."""
     found = []
     for slot in slots:
         prefix = variable.op.name + "/"
-        if not slot.op.name.startswith(prefix) or slot.shape != variable.shape:
+        if not slot.op.name.startswith(prefix) or slot.shape != variable.shape or \
+                slot.dtype.base_dtype != variable.dtype.base_dtype:
             raise ValueError(
-                f"Replicated(shard_update=True) across workers shards slots named and "
-                f"shaped like their weight; {slot.op.name} {slot.shape} is not, for "
-                f"{variable.op.name} {variable.shape}. Fix: "
+                f"Replicated(shard_update=True) across workers shards slots named, "
+                f"shaped and typed like their weight; {slot.op.name} {slot.shape} "
+                f"{slot.dtype.base_dtype.name} is not, for {variable.op.name} "
+                f"{variable.shape} {variable.dtype.base_dtype.name}. Fix: "
                 "Replicated(shard_update=False) with this optimizer.")
-        found.append((slot.op.name[len(prefix):], slot.dtype.base_dtype, slot))
+        found.append((slot.op.name[len(prefix):], slot))
     return found
 
 
