@@ -364,3 +364,23 @@ def test_numpy_bools_describe_a_step_as_python_bools_do():
     # A worker that passed summaries=np.True_ and one that passed True agree.
     assert agreement._value_text(np.True_) == agreement._value_text(True) == "True"
     assert agreement._value_text(np.False_) == "False"
+
+
+def test_keep_best_is_agreed_only_when_every_save_is_an_exchange():
+    """With the slots sharded over the workers the best checkpoint's save gathers them
+    from every worker: a worker keeping no best would leave the others waiting in it,
+    so keep_best must agree. Unsharded, each worker's best is its own (keep_best on the
+    chief only is fine)."""
+    from types import SimpleNamespace
+    def loop(keep_best):
+        evaluation = SimpleNamespace(every_n_steps=5, metric="xent", higher_is_better=False,
+                                     patience=0, min_delta=0.0, num_batches=1,
+                                     keep_best=keep_best)
+        return {"evaluation": evaluation, "save_checkpoint_steps": 10}
+    chief, worker = loop(True), loop(False)
+    assert agreement.first_difference([agreement.describe_loop(20, chief),
+                                       agreement.describe_loop(20, worker)]) is None
+    assert agreement.first_difference([
+        agreement.describe_loop(20, chief, saves_together=True),
+        agreement.describe_loop(20, worker, saves_together=True)]) == (
+            1, "evaluation keep_best", "False", "True")

@@ -118,15 +118,18 @@ def _compared_first(item):
     return (not item.endswith(" seed"), item)
 
 
-def describe_loop(max_steps, run_kwargs):
+def describe_loop(max_steps, run_kwargs, saves_together=False):
     """{item: text} of the loop options every worker must share: where it stops, when
-    it saves (a restart needs a step all saved), what it evaluates and when."""
+    it saves (a restart needs a step all saved), what it evaluates and when; with
+    `saves_together` (slots sharded over the workers: every save is an exchange),
+    whether it keeps the best checkpoint too."""
     items = {"max_steps": _value_text(max_steps),
              "save_checkpoint_steps": _value_text(run_kwargs.get("save_checkpoint_steps"))}
     evaluation = run_kwargs.get("evaluation")
     if evaluation is not None:
-        for name in ("every_n_steps", "metric", "higher_is_better", "patience",
-                     "min_delta", "num_batches"):
+        names = ["every_n_steps", "metric", "higher_is_better", "patience", "min_delta",
+                 "num_batches"] + (["keep_best"] if saves_together else [])
+        for name in names:
             items[f"evaluation {name}"] = _value_text(getattr(evaluation, name))
     return items
 

@@ -366,7 +366,8 @@ def run_allreduce_training(graph, server, *, train_dir, max_steps, hooks=(),
         # The loop's options too: a worker with another max_steps (or evaluation) would
         # leave the others waiting at a step it never runs.
         description = dict(graph.step_description, **agreement.describe_loop(
-            max_steps, run_kwargs))
+            max_steps, run_kwargs, saves_together=bool(
+                slot_shards.saveables_of(graph.train_graph.train_op.graph))))
         try:  # before anything is restored or exchanged: one line, every worker
             agreement.check_workers_agree(cluster, server, graph.session_config,
                                           description, startup_timeout_secs)
