@@ -146,8 +146,8 @@ def test_a_nan_in_one_workers_data_stops_every_worker_before_it_is_saved(tmp_pat
         group.close()
 
 
-INF_SLOT_JOB = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                             "sharded_inf_slot_job.py")]
+SHARDED_JOB = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "sharded_slots_job.py")]
 
 
 def test_an_inf_slot_on_one_worker_stops_every_workers_save(tmp_path):
@@ -155,12 +155,13 @@ def test_an_inf_slot_on_one_worker_stops_every_workers_save(tmp_path):
     on its owner only (the weights and the loss stay finite). Every worker refuses
     the save of step 4 with NonFiniteError, the owner naming the slot, at once:
     none waits in the save's exchange for a worker that already stopped."""
-    group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=INF_SLOT_JOB)
+    group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=SHARDED_JOB)
     try:
         ports = ",".join(str(p) for p in held_ports(2))
         for task in (0, 1):
             group.start(f"worker{task}", [f"--task={task}", f"--ports={ports}",
-                                          f"--train_dir={tmp_path / 'train'}"])
+                                          f"--train_dir={tmp_path / 'train'}",
+                                          "--spike_from=3"])
         logs = []
         for task in (0, 1):
             assert group.wait(f"worker{task}", 80) == 3, group.describe(f"worker{task}")
@@ -177,6 +178,34 @@ def test_an_inf_slot_on_one_worker_stops_every_workers_save(tmp_path):
             assert np.all(np.isfinite(reader.get_tensor(name))), name
         assert {"a/Adam", "a/Adam_1", "b/Adam", "b/Adam_1"} <= set(
             reader.get_variable_to_shape_map())
+    finally:
+        group.close()
+
+
+def test_a_stop_signal_with_sharded_slots_stops_without_a_save_that_would_wait(tmp_path):
+    """The last save of a stopped worker would gather the slots from every worker,
+    which are at another step: the worker says it does not save, and stops at once,
+    far within the step deadline (60 s); its newest checkpoint is the last periodic
+    one (step 0 here), which every worker saved."""
+    group = ProcessGroup(tmp_path, PROCESS_BUDGET_SECS, command=SHARDED_JOB)
+    try:
+        ports = ",".join(str(p) for p in held_ports(2))
+        for task in (0, 1):
+            group.start(f"worker{task}", [
+                f"--task={task}", f"--ports={ports}", f"--train_dir={tmp_path / 'train'}",
+                "--max_steps=500", "--sleep_secs_per_step=0.2", "--step_deadline_secs=60",
+                "--save_checkpoint_steps=1000"])
+        group.wait_for_log("worker1", r"step [3-9], loss", 60)
+        group.signal("worker1", signal.SIGTERM)
+        signalled = time.monotonic()
+        group.wait("worker1", 40)
+        assert time.monotonic() - signalled < 40
+        log = group.log_text("worker1")
+        stopped = re.search(r"Stopped by a signal at step (\d+): not saved", log)
+        assert stopped, log[-3000:]
+        newest = tf.train.latest_checkpoint(str(tmp_path / "train" / "worker_1"))
+        assert newest and newest.endswith("model.ckpt-0"), newest
+        assert group.wait("worker0", 40) == 3   # its peer is gone: WorkerLostError
     finally:
         group.close()
 

@@ -51,3 +51,42 @@ def test_finite_runs_save_as_before(tmp_path):
     assert _train(train_dir, 3, 1).global_step == 3
     assert [checkpoints.checkpoint_step(p) for p in checkpoints.read_state(train_dir)] == \
         [0, 1, 2, 3]
+
+
+def _adam_slot_overflows_at_step_4(inputs, ctx):
+    """Adam's second moment of 'a' is Inf at step 4 (the step from 3 has a gradient
+    of 1e30, squared), while 'a' stays finite (its update is m / sqrt(Inf) = 0), and
+    so does the loss. (One more such step would make it NaN: Inf - Inf.)"""
+    a = tf.compat.v1.get_variable("a", [1], initializer=tf.ones_initializer())
+    spike = tf.where(tf.equal(tf.compat.v1.train.get_global_step(), 3), 1e30, 0.0)
+    return tf.reduce_mean(inputs * a) + spike * tf.reduce_sum(a)
+
+
+def test_a_best_checkpoint_with_an_inf_slot_is_never_saved(tmp_path):
+    """The metric (the step: each evaluation improves) stays finite while a slot
+    does not: the best checkpoint of step 4 is refused as every save is, and
+    train_dir/best keeps step 2."""
+    with tf.Graph().as_default():
+        train = towerlib.build_train_graph(
+            _adam_slot_overflows_at_step_4, tf.ones([4, 1]),
+            tf.compat.v1.train.AdamOptimizer(0.1), num_towers=2)
+        step = tf.compat.v1.train.get_global_step()
+        evaluation = towerlib.Evaluation(
+            towerlib.build_eval_graph(
+                lambda inputs, ctx: {"step": tf.cast(step, tf.float32) + 0.0 * inputs[:, 0]},
+                tf.ones([4, 1]), num_towers=2),
+            every_n_steps=2, metric="step", num_batches=1)
+        with pytest.raises(towerlib.NonFiniteError) as raised:
+            towerlib.run_training(
+                train, train_dir=str(tmp_path), max_steps=6, save_summaries_steps=None,
+                save_checkpoint_steps=100, evaluation=evaluation,
+                session_config=towerlib.session_config(2))
+    message = str(raised.value)
+    assert "Non-finite values at step 4" in message
+    assert "the variable a/Adam_1 holds NaN or Inf" in message
+    assert "the best checkpoint of step 4 was not saved" in message
+    best = checkpoints.find_restorable_checkpoint(str(tmp_path / "best"))
+    assert best.endswith("-2"), best
+    reader = tf.train.load_checkpoint(best)
+    for name in reader.get_variable_to_shape_map():
+        assert np.all(np.isfinite(reader.get_tensor(name))), name

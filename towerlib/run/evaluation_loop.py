@@ -38,7 +38,14 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from towerlib.run import checkpoint_state, checkpoints, folder_lock, moving_statistics, run_entries
+from towerlib.run import (
+    checkpoint_state,
+    checkpoints,
+    folder_lock,
+    moving_statistics,
+    run_entries,
+    saver_hook,
+)
 from towerlib.update import slot_shards
 
 logger = logging.getLogger("towerlib")
@@ -184,11 +191,14 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         self._values = None
         self._evaluated_step = None
         self._best_writer = None
+        self._finite = None   # a saver_hook.FiniteCheck when it keeps the best
         self.stopped_early_at = None
         self.last_values = None
 
     def begin(self):
         self._check_best_folder()
+        if self._evaluation.keep_best and self._train_dir and self._scaffold:
+            self._finite = saver_hook.FiniteCheck(tf.compat.v1.get_default_graph())
         self._global_step = tf.compat.v1.train.get_global_step()
         values = self._evaluation.eval_graph.values
         metric = tf.cast(values[self._evaluation.metric], tf.float64)
@@ -311,6 +321,8 @@ class EvaluationHook(tf.compat.v1.train.SessionRunHook):
         if not (self._evaluation.keep_best and self._train_dir and self._scaffold):
             return
         self._check_best_folder()  # again: it may have changed since the start
+        # As every save: nothing non-finite (a slot can be while the metric is not).
+        self._finite.check(session, step, "best checkpoint", None)
         if self._best_writer is None:
             self._best_writer = checkpoints.CheckpointWriter(
                 self._scaffold.saver, os.path.join(self._train_dir, BEST_DIRNAME), max_to_keep=1,

@@ -115,7 +115,8 @@ def build_hooks(loop):
         checkpoint_hook = hooks_lib.CrashSafeSaverHook(
             loop.train_dir, loop.scaffold, save_steps=loop.save_checkpoint_steps,
             save_secs=loop.save_checkpoint_secs,
-            max_to_keep=loop.max_checkpoints_to_keep)
+            max_to_keep=loop.max_checkpoints_to_keep,
+            stopped_by_signal=lambda: signal_hook is not None and signal_hook.received)
         all_hooks.append(checkpoint_hook)
     return LoopHooks(all_hooks, step_logger, session_keeper, signal_hook, checkpoint_hook,
                   session_config, evaluation_hook)

@@ -4,13 +4,17 @@ run_training adds it last among towerlib.run.hooks (which re-exports it), so tha
 every check of a step runs before the step is saved.
 """
 
+import logging
+
 import tensorflow as tf
 
 from towerlib.precision.guards import NonFiniteError
 from towerlib.run import checkpoints
 from towerlib.update import slot_shards
 
-__all__ = ["CrashSafeSaverHook"]
+logger = logging.getLogger("towerlib")
+
+__all__ = ["CrashSafeSaverHook", "FiniteCheck"]
 
 
 class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
@@ -33,10 +37,15 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
     workers that run also sums every worker's count of non-finite slots, so
     all workers refuse the same save (Adam's v can overflow while the weights
     stay finite, and only its owner holds it).
+
+    `stopped_by_signal` (a callable, true once a stop signal came) skips the
+    save at `end` when the slots are sharded over workers: it needs every
+    worker at the same step, and a signal reaches them at different steps.
     """
 
     def __init__(self, train_dir, scaffold, *, save_steps=None, save_secs=None,
-                 max_to_keep=5, basename=checkpoints.DEFAULT_BASENAME, write_meta_graph=True):
+                 max_to_keep=5, basename=checkpoints.DEFAULT_BASENAME, write_meta_graph=True,
+                 stopped_by_signal=lambda: False):
         if (save_steps is None) == (save_secs is None):
             raise ValueError("Give exactly one of save_steps and save_secs.")
         self._train_dir = train_dir
@@ -46,7 +55,8 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
         self._writer_options = dict(max_to_keep=max_to_keep, basename=basename,
                                     write_meta_graph=write_meta_graph)
         self._global_step = None
-        self._finite = None  # {variable name: bool scalar}
+        self._finite = None  # a FiniteCheck, from begin
+        self._stopped_by_signal = stopped_by_signal
         self.writer = None
 
     @property
@@ -59,25 +69,12 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
         if self._global_step is None:
             raise RuntimeError("CrashSafeSaverHook needs a global step: create it "
                                "with tf.compat.v1.train.get_or_create_global_step().")
-        graph = tf.compat.v1.get_default_graph()
-        self._finite = _finite_flags(tf.compat.v1.global_variables())
-        self._together = bool(slot_shards.saveables_of(graph))
-        if slot_shards.finite_of(graph) is not None:   # every worker's slots, each save
-            self._finite[_SHARDED_SLOTS] = slot_shards.finite_of(graph)
+        self._finite = FiniteCheck(tf.compat.v1.get_default_graph())
+        self._together = bool(slot_shards.saveables_of(tf.compat.v1.get_default_graph()))
 
     def _save(self, session, step):
         """Saves `step` unless a variable is NaN or Inf (then NonFiniteError)."""
-        if self._finite:
-            flags = session.run(self._finite)
-            bad = [name for name, ok in flags.items() if not ok]
-            if bad:
-                first = bad[0] if bad[0] == _SHARDED_SLOTS else f"the variable {bad[0]}"
-                more = (f" (and {len(bad) - 1} more: {', '.join(bad[1:5])}"
-                        f"{', ...' if len(bad) > 5 else ''})" if len(bad) > 1 else "")
-                raise NonFiniteError(
-                    step, [f"{first} holds NaN or Inf{more}: the checkpoint of step "
-                           f"{step} was not saved"],
-                    applied=True, last_checkpoint=self.writer.latest)
+        self._finite.check(session, step, "checkpoint", self.writer.latest)
         self.writer.save(session, step, replace=self._together)
 
     def after_create_session(self, session, coord):
@@ -108,8 +105,15 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
 
     def end(self, session):
         step = int(session.run(self._global_step))
-        if step != self._timer.last_triggered_step():
-            self._save(session, step)
+        if step == self._timer.last_triggered_step():
+            return
+        if self._together and self._stopped_by_signal():
+            logger.warning(
+                "Stopped by a signal at step %d: not saved, since with the slots sharded "
+                "over the workers a save needs every worker, and the others may be at "
+                "another step. A restart resumes from %s.", step, self.writer.latest)
+            return
+        self._save(session, step)
 
 
 # The flag of the slots sharded over the workers (Replicated(shard_update=True)): set
@@ -117,12 +121,36 @@ class CrashSafeSaverHook(tf.compat.v1.train.SessionRunHook):
 _SHARDED_SLOTS = "an optimizer slot sharded over the workers (held by one of them)"
 
 
-def _finite_flags(variables):
-    """{name: bool scalar, every element finite} of the floating-point variables."""
-    flags = {}
-    for variable in variables:
-        if not variable.dtype.base_dtype.is_floating:
-            continue
-        with tf.device(variable.device), tf.name_scope("finite_before_save"):
-            flags[variable.op.name] = tf.reduce_all(tf.math.is_finite(variable))
-    return flags
+class FiniteCheck:
+    """Whether every floating-point global variable of a graph is finite, before a save.
+
+    Built before the graph is finalized (a hook's `begin`): one reduction per
+    variable, on its device; with slots sharded over workers also their flag,
+    which every worker reads in the same run (slot_shards.finite_everywhere).
+    """
+
+    def __init__(self, graph):
+        with graph.as_default():
+            self._flags = {}
+            for variable in tf.compat.v1.global_variables():
+                if variable.dtype.base_dtype.is_floating:
+                    with tf.device(variable.device), tf.name_scope("finite_before_save"):
+                        self._flags[variable.op.name] = tf.reduce_all(
+                            tf.math.is_finite(variable))
+            if slot_shards.finite_of(graph) is not None:
+                self._flags[_SHARDED_SLOTS] = slot_shards.finite_of(graph)
+
+    def check(self, session, step, what, last_checkpoint):
+        """Raises NonFiniteError naming the variables that hold NaN or Inf, and that
+        the `what` ('checkpoint') of `step` was not saved."""
+        if not self._flags:
+            return
+        bad = [name for name, ok in session.run(self._flags).items() if not ok]
+        if not bad:
+            return
+        first = bad[0] if bad[0] == _SHARDED_SLOTS else f"the variable {bad[0]}"
+        more = (f" (and {len(bad) - 1} more: {', '.join(bad[1:5])}"
+                f"{', ...' if len(bad) > 5 else ''})" if len(bad) > 1 else "")
+        raise NonFiniteError(
+            step, [f"{first} holds NaN or Inf{more}: the {what} of step {step} was not "
+                   "saved"], applied=True, last_checkpoint=last_checkpoint)
