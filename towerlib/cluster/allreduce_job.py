@@ -316,7 +316,7 @@ def _start_from_chief(graph, step, restore_from, scaffold):
     slot_fill = slot_shards.fill_of(tf_graph)
     if slot_fill is not None:
         slot_shards.install_whole_saver(tf_graph, scaffold)
-        if graph.cluster.is_chief and restore_from is not None:
+        if restore_from is not None:   # every worker's checkpoint holds every slot
             slot_shards.check_holds_every_slot(tf_graph, restore_from)
     return _StartFromChief(graph.train_graph.broadcast_op,
                            slot_fill if step is not None else None,
