@@ -293,6 +293,18 @@ def test_across_workers_each_slot_has_its_own_weights_dtype():
     assert dtypes[0]["offset/Adam"] == tf.float64
 
 
+def test_across_workers_run_training_itself_is_refused_before_it_saves_a_part(tmp_path):
+    """Without run_distributed_training's Saver (every slot whole), a checkpoint of
+    run_training would hold this worker's slots only: refused before it connects."""
+    graph, train = _sharded_over_workers(helpers.conv_dense_model)
+    with graph.as_default():
+        with pytest.raises(towerlib.ConfigError, match="run_distributed_training"):
+            towerlib.run_training(train, train_dir=str(tmp_path), max_steps=1,
+                                  master="grpc://127.0.0.1:1")
+    slot_shards.install_whole_saver(graph)
+    assert slot_shards.saves_whole(graph)
+
+
 def test_across_workers_a_saver_of_ones_own_is_refused_before_it_saves_a_part():
     graph, _ = _sharded_over_workers(helpers.conv_dense_model)
     with graph.as_default():   # where a Scaffold finds the Saver to save with

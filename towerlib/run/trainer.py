@@ -35,6 +35,7 @@ from towerlib.run import (
     warm_start,
 )
 from towerlib.step import devices as devices_lib
+from towerlib.update import slot_shards
 
 logger = logging.getLogger("towerlib")
 
@@ -171,6 +172,12 @@ def run_training(train_graph, *, train_dir, max_steps, hooks=(),
                       "for workers this session cannot reach until the collective timeout.",
                       "run it with towerlib.cluster.run_distributed_training(graph, server, "
                       "...), which waits for every worker and names one that never came."))
+    if not slot_shards.saves_whole(train_graph.train_op.graph):
+        wrong.append(("update", "shards the optimizer slots over the workers "
+                      "(Replicated(shard_update=True), built with workers=), and this "
+                      "loop's Saver would save only the slots this worker holds.",
+                      "run it with towerlib.cluster.run_distributed_training(graph, "
+                      "server, ...), whose Saver saves every slot whole on every worker."))
     if wrong:
         raise validation.ConfigError([validation.ConfigProblem(*p) for p in wrong])
     validation.validate_config(

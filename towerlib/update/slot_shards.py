@@ -37,7 +37,7 @@ from towerlib.update import allreduce
 
 __all__ = ["SlotShard", "check_holds_every_slot", "describe", "fill_op", "fill_of",
            "finite_everywhere", "finite_of", "install_whole_saver", "saveables",
-           "saveables_of", "shards_of", "sharded_names"]
+           "saveables_of", "saves_whole", "shards_of", "sharded_names"]
 
 # Per graph, held weakly (as towerlib.exchange.keys holds its allocators): graph
 # collections would do, but every Saver.save with a meta graph would warn that it
@@ -54,6 +54,7 @@ class _GraphState:
     saveables: list = dataclasses.field(default_factory=list)
     fill: Optional[tuple] = None
     finite: Optional[tf.Tensor] = None
+    whole_saver: bool = False
 
 
 def _state(graph):
@@ -236,14 +237,22 @@ def install_whole_saver(graph, scaffold=None):
                     "Replicated(shard_update=True) across workers it would save only the "
                     "optimizer slots this worker holds. Fix: build no Saver (towerlib "
                     "saves every slot whole through its own), or Replicated() unsharded.")
-        if theirs:
-            return
-        sharded = sharded_names(graph)
-        var_list = ([v for v in tf.compat.v1.global_variables() if v.op.name not in sharded]
-                    + graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
-                    + saveables_of(graph))
-        saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True, allow_empty=True)
-        graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
+        if not theirs:
+            sharded = sharded_names(graph)
+            var_list = ([v for v in tf.compat.v1.global_variables()
+                         if v.op.name not in sharded]
+                        + graph.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS)
+                        + saveables_of(graph))
+            saver = tf.compat.v1.train.Saver(var_list=var_list, sharded=True,
+                                             allow_empty=True)
+            graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
+    _state(graph).whole_saver = True
+
+
+def saves_whole(graph):
+    """Whether `graph` has no slots sharded over workers, or a Saver saving them whole."""
+    state = _state(graph)
+    return not state.saveables or state.whole_saver
 
 
 def check_holds_every_slot(graph, prefix):
