@@ -55,6 +55,16 @@ def release_held_ports():
         _HELD.pop().close()
 
 
+def port_is_free(port):
+    """Whether a plain bind (no SO_REUSEPORT) of 127.0.0.1:`port` succeeds now."""
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_ports(count):
     """`count` distinct free TCP ports on 127.0.0.1 (bound to port 0, then released:
     another process may take one before it is used; held_ports closes that window)."""

@@ -1,11 +1,10 @@
 """tests/distributed_processes.held_ports: a port is held from the test's choice until
 the test ends, and a cluster process the test starts still binds it."""
 
-import socket
 import sys
 
 from tests import distributed_processes
-from tests.distributed_processes import ProcessGroup, held_ports
+from tests.distributed_processes import ProcessGroup, held_ports, port_is_free
 
 # TensorFlow's own server: it shares the port only when TF_GRPC_REUSE_PORT=1.
 SERVE = ("import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpec("
@@ -13,20 +12,11 @@ SERVE = ("import sys, tensorflow as tf; tf.distribute.Server(tf.train.ClusterSpe
          "start=True); print('bound', flush=True)")
 
 
-def can_bind(port):
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_a_held_port_is_nobody_elses_until_released():
     (port,) = held_ports(1)
-    assert not can_bind(port)   # another test's process cannot take it
+    assert not port_is_free(port)   # another test's process cannot take it
     distributed_processes.release_held_ports()
-    assert can_bind(port)
+    assert port_is_free(port)
 
 
 def test_a_tensorflow_server_the_group_starts_binds_a_held_port(tmp_path):

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 
 from tests.cluster import allreduce_job
-from tests.distributed_processes import ProcessGroup, free_ports, held_ports
+from tests.distributed_processes import ProcessGroup, free_ports, held_ports, port_is_free
 
 pytestmark = pytest.mark.slow
 
@@ -111,16 +111,6 @@ def consecutive_free_ports(count, attempts=50):
                 port_is_free(base + i) for i in range(1, count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports in {attempts} attempts")
-
-
-def port_is_free(port):
-    import socket
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def scheduler_environment(scheduler, task, workers):

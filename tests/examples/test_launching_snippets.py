@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests import helpers
-from tests.distributed_processes import free_ports
+from tests.distributed_processes import free_ports, port_is_free
 from tests.process_table import session_members
 from towerlib.cluster import exits
 
@@ -199,7 +199,7 @@ def test_the_sbatch_loop_restarts_on_a_lost_task_and_finishes(tmp_path, started)
     script = _blocks("bash")[2]
     assert "srun python train.py" in script and "exit 138" in script
     base = free_ports(1)[0]
-    while not all(port_free(base + i) for i in range(2)):
+    while not all(port_is_free(base + i) for i in range(2)):
         base = free_ports(1)[0]
     train_dir = tmp_path / "run"
     script = (script.replace("TOWERLIB_SLURM_PORT_BASE=23456",
@@ -228,16 +228,6 @@ def test_the_sbatch_loop_restarts_on_a_lost_task_and_finishes(tmp_path, started)
     assert attempts[1][1:] == ("0", "0"), log[-4000:]
     assert log.count(f"finished: global_step={STEPS}") == 2, log[-4000:]
     assert (train_dir / f"model.ckpt-{STEPS}.index").exists()
-
-
-def port_free(port):
-    import socket
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def test_the_tfjob_manifest_s_command_runs_with_the_operator_s_tf_config(tmp_path, started):
